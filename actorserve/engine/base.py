@@ -1,0 +1,52 @@
+"""The engine interface the scheduler drives; the real runner and the fake engine both fill it.
+
+`execute` is synchronous and is called from a worker thread, one step at a time. The
+scheduler chooses each step's members: a sequence left out is paused, an aborted one has
+its blocks released and never appears again. Before the step the scheduler has already
+allocated blocks so that ``seq.block_table`` covers ``num_computed + n``.
+
+For a member whose step reaches the end of its known tokens the engine returns a
+`SeqOutput`: a sampled ``token_id`` for a generation sequence, ``pooled`` values for a
+pooling sequence. A prefill chunk that stops short of the end returns an output with
+neither (``token_id is None and pooled is None``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from .sequence import Sequence
+
+
+@dataclass(slots=True)
+class SeqOutput:
+    seq: Sequence
+    token_id: int | None = None
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    pooled: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    model_name: str
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int
+    kind: str = "generate"          # generate | embed
+
+
+@runtime_checkable
+class Engine(Protocol):
+    info: EngineInfo
+
+    def execute(self, batch: list[tuple[Sequence, int]]) -> list[SeqOutput]:
+        """Run one model step over `batch` = [(sequence, n_tokens_to_compute)]."""
+        ...
+
+    def release(self, seq: Sequence) -> None:
+        """Forget per-sequence engine state (called once when the sequence leaves)."""
+        ...

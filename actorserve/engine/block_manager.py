@@ -1,0 +1,193 @@
+"""Paged KV accounting: ref-counted blocks and a prefix cache over full blocks.
+
+Pure bookkeeping (no torch): the runner owns the K/V tensors and writes token ``i`` of a
+sequence into slot ``block_table[i // block_size] * block_size + i % block_size``.
+
+Prefix cache. A full block is named by a chain hash, sha256(parent hash || token ids), so a
+block matches only when the whole prefix before it matches too; sha256 makes an accidental
+collision practically impossible. Blocks whose reference count drops to zero keep their hash
+and sit in an LRU of evictable blocks; allocation takes plain free blocks first and then evicts
+the least recently used cached block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+from typing import NamedTuple
+
+from .sequence import Sequence
+
+
+class KVStats(NamedTuple):
+    num_blocks: int
+    free_blocks: int          # never used or flushed
+    cached_free_blocks: int   # refcount 0 but still holding a cached prefix (evictable)
+    used_blocks: int          # refcount > 0
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+
+    @property
+    def usage(self) -> float:
+        return self.used_blocks / self.num_blocks if self.num_blocks else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+
+
+def chain_hash(parent: bytes, tokens: list[int]) -> bytes:
+    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_cache: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_cache = enable_prefix_cache
+        self._free: deque[int] = deque(range(num_blocks))
+        self._ref = [0] * num_blocks
+        self._hash_of: dict[int, bytes] = {}            # block -> chain hash (full, registered blocks)
+        self._block_of: dict[bytes, int] = {}           # chain hash -> block
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # refcount-0 cached blocks, LRU first
+        self._query_tokens = 0
+        self._hit_tokens = 0
+
+    # -- queries -------------------------------------------------------------------------------
+    def blocks_needed(self, seq: Sequence, n_tokens: int) -> int:
+        total = -(-(seq.num_computed + n_tokens) // self.block_size)
+        return max(0, total - len(seq.block_table))
+
+    @property
+    def num_available(self) -> int:
+        return len(self._free) + len(self._evictable)
+
+    def can_allocate(self, n_blocks: int) -> bool:
+        return n_blocks <= self.num_available
+
+    def stats(self) -> KVStats:
+        used = self.num_blocks - len(self._free) - len(self._evictable)
+        return KVStats(self.num_blocks, len(self._free), len(self._evictable), used,
+                       self._query_tokens, self._hit_tokens)
+
+    # -- prefix cache ----------------------------------------------------------------------------
+    def match_prefix(self, seq: Sequence) -> int:
+        """Attach the cached full blocks that prefix `seq`; return the number of tokens reused.
+
+        At least one token is always left to compute, so the step that follows produces logits.
+        Call only on a sequence that holds no blocks.
+        """
+        assert not seq.block_table, "match_prefix on a sequence that already holds blocks"
+        tokens = seq.token_ids()
+        self._query_tokens += len(tokens)
+        if not self.enable_prefix_cache:
+            return 0
+        bs = self.block_size
+        parent = b""
+        matched = 0
+        for start in range(0, len(tokens) - 1 - (len(tokens) - 1) % bs, bs):
+            h = chain_hash(parent, tokens[start:start + bs])
+            block = self._block_of.get(h)
+            if block is None:
+                break
+            self._take(block)
+            seq.block_table.append(block)
+            seq.block_hashes.append(h)
+            parent = h
+            matched += bs
+        seq.num_computed = seq.num_cached = matched
+        self._hit_tokens += matched
+        return matched
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the sequence's newly full, computed blocks in the prefix cache."""
+        if not self.enable_prefix_cache:
+            return
+        bs = self.block_size
+        full = seq.num_computed // bs
+        if full <= len(seq.block_hashes):
+            return
+        tokens = seq.token_ids()
+        parent = seq.block_hashes[-1] if seq.block_hashes else b""
+        for i in range(len(seq.block_hashes), full):
+            h = chain_hash(parent, tokens[i * bs:(i + 1) * bs])
+            block = seq.block_table[i]
+            if h not in self._block_of and block not in self._hash_of:
+                self._block_of[h] = block
+                self._hash_of[block] = h
+            seq.block_hashes.append(h)
+            parent = h
+
+    def flush(self) -> int:
+        """Forget every cached prefix that no sequence holds; return how many blocks it freed."""
+        n = 0
+        for block in list(self._evictable):
+            self._forget(block)
+            self._free.append(block)
+            n += 1
+        self._evictable.clear()
+        for block, h in list(self._hash_of.items()):  # in-use blocks stop being shareable
+            del self._hash_of[block]
+            del self._block_of[h]
+        self._query_tokens = self._hit_tokens = 0
+        return n
+
+    # -- allocation ------------------------------------------------------------------------------
+    def allocate(self, seq: Sequence, n_tokens: int) -> bool:
+        """Grow the block table to cover ``num_computed + n_tokens``; all or nothing."""
+        need = self.blocks_needed(seq, n_tokens)
+        if need == 0:
+            return True
+        if need > self.num_available:
+            return False
+        for _ in range(need):
+            if self._free:
+                block = self._free.popleft()
+            else:
+                block, _ = self._evictable.popitem(last=False)
+                self._forget(block)
+            self._ref[block] = 1
+            seq.block_table.append(block)
+        return True
+
+    def free(self, seq: Sequence) -> None:
+        """Release every block of `seq` (tail first, so the tail is evicted first) and reset it."""
+        for block in reversed(seq.block_table):
+            self._ref[block] -= 1
+            assert self._ref[block] >= 0, f"block {block} released twice"
+            if self._ref[block] == 0:
+                if block in self._hash_of:
+                    self._evictable[block] = None
+                else:
+                    self._free.append(block)
+        seq.block_table.clear()
+        seq.block_hashes.clear()
+        seq.num_computed = 0
+        seq.num_cached = 0
+
+    # -- internals -------------------------------------------------------------------------------
+    def _take(self, block: int) -> None:
+        if self._ref[block] == 0:
+            self._evictable.pop(block, None)
+        self._ref[block] += 1
+
+    def _forget(self, block: int) -> None:
+        h = self._hash_of.pop(block, None)
+        if h is not None:
+            del self._block_of[h]
+
+    def check(self) -> None:
+        """Assert the internal invariants (tests call this)."""
+        free = set(self._free)
+        ev = set(self._evictable)
+        assert not free & ev, "a block is both free and evictable"
+        for b in range(self.num_blocks):
+            r = self._ref[b]
+            if r == 0:
+                assert (b in free) != (b in ev), f"unreferenced block {b} is lost"
+            else:
+                assert b not in free and b not in ev, f"referenced block {b} is on a free list"
+        assert len(self._hash_of) == len(self._block_of)

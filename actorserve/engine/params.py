@@ -1,0 +1,74 @@
+"""Sampling and pooling parameters: plain data, validated once at the edge.
+
+No torch here: the HTTP layer builds these, the scheduler carries them, the runner reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class ParamError(ValueError):
+    """A parameter value the client sent is out of range (becomes a 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise ParamError(f"max_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ParamError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ParamError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ParamError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ParamError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ParamError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ParamError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ParamError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if self.n < 1:
+            raise ParamError(f"n must be >= 1, got {self.n}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ParamError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True, slots=True)
+class PoolingParams:
+    """What to compute from the last hidden states of a pooling request."""
+
+    task: str = "embed"            # embed | classify | score | rerank
+    normalize: bool = True
+    dimensions: int | None = None
+    label_token_ids: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.task not in ("embed", "classify", "score", "rerank"):
+            raise ParamError(f"unknown pooling task {self.task!r}")
+        if self.dimensions is not None and self.dimensions < 1:
+            raise ParamError(f"dimensions must be >= 1, got {self.dimensions}")

@@ -1,0 +1,65 @@
+"""`Sequence`: what the scheduler and the runner share about one request's tokens.
+
+The scheduler owns the lists and the block table (through the `BlockManager`); the runner
+reads them and writes KV into the slots they name. ``num_computed`` counts tokens whose KV
+is in the cache; a step that is given ``(seq, n)`` computes tokens
+``token_ids[num_computed : num_computed + n]`` and the scheduler advances ``num_computed``
+after the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .params import PoolingParams, SamplingParams
+
+
+class Sequence:
+    __slots__ = (
+        "rid", "kind", "prompt_ids", "output_ids", "num_computed", "num_cached",
+        "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
+    )
+
+    def __init__(
+        self,
+        rid: str,
+        prompt_ids: list[int],
+        *,
+        sampling: SamplingParams | None = None,
+        pooling: PoolingParams | None = None,
+        is_probe: bool = False,
+        arrival: float = 0.0,
+    ) -> None:
+        self.rid = rid
+        self.kind = "pool" if pooling is not None else "generate"
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.num_computed = 0          # tokens whose KV is in the cache
+        self.num_cached = 0            # of those, how many came from the prefix cache
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # chain hashes of the full blocks registered so far
+        self.sampling = sampling if sampling is not None else SamplingParams()
+        self.pooling = pooling
+        self.is_probe = is_probe
+        self.engine_state: Any = None  # opaque per-sequence state of the runner (e.g. a torch.Generator)
+        self.arrival = arrival
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def prefill_complete(self) -> bool:
+        """True once every prompt token has KV (the next step decodes)."""
+        return self.num_computed >= len(self.prompt_ids)
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.rid!r}, {self.kind}, prompt={len(self.prompt_ids)}, "
+                f"out={len(self.output_ids)}, computed={self.num_computed}, blocks={len(self.block_table)})")

