@@ -1,0 +1,258 @@
+"""Request actors: one per request, each the model of its kind's lifecycle machine.
+
+The actor *is* the machine's model: its `state` slot is written only by
+`Lifecycle.fire`, inside a handler, so every change is a recorded transition caused by a
+recorded message. Generation and pooling actors share the abort / fail / stream plumbing
+and differ in the path between `queued` and `done`:
+
+    generation  Scheduled -> schedule; PrefillProgress -> prefill_chunk;
+                TokenOut -> first_token, then on the last token finish + deliver
+    pooling     Scheduled -> schedule; PrefillProgress -> forward_chunk;
+                PoolOut -> forward_done, pooling head, deliver
+
+Outputs go to the client through an `OutputStream` (a one-consumer async queue that never
+blocks the actor). When the actor reaches a terminal state it stops itself, so neither it
+nor its mailbox outlives the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, Callable
+
+from ..messages import (
+    Aborted, Failed, Paused, PoolOut, PrefillProgress, Release, RequestOutput, Resumed,
+    Retracted, Scheduled, TokenOut,
+)
+from ..statemachines import GENERATION, POOLING, Lifecycle
+from .actor import Actor, handles
+
+
+class OutputStream:
+    """What a request actor hands its client: deltas, then one item with `finished`."""
+
+    __slots__ = ("_items", "_waiter", "closed")
+
+    def __init__(self) -> None:
+        self._items: deque[RequestOutput] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.closed = False
+
+    def put(self, item: RequestOutput) -> None:
+        if self.closed:
+            return
+        self._items.append(item)
+        if item.finished:
+            self.closed = True
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def get(self) -> RequestOutput:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def __aiter__(self) -> "OutputStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if not self._items and self.closed:
+            raise StopAsyncIteration
+        return await self.get()
+
+    async def final(self) -> RequestOutput:
+        """Drain the stream and merge it into one output (non-streaming clients)."""
+        merged: RequestOutput | None = None
+        async for item in self:
+            if merged is None:
+                merged = item
+                merged.token_ids = list(item.token_ids)
+                if item.logprobs is not None:
+                    merged.logprobs = list(item.logprobs)
+            else:
+                merged.text += item.text
+                merged.token_ids.extend(item.token_ids)
+                if item.logprobs:
+                    merged.logprobs = (merged.logprobs or []) + list(item.logprobs)
+                for f in ("finished", "finish_reason", "error", "pooled", "prompt_tokens",
+                          "completion_tokens", "cached_tokens"):
+                    setattr(merged, f, getattr(item, f))
+        assert merged is not None
+        return merged
+
+
+class RequestActor(Actor):
+    """Shared plumbing: the lifecycle, the stream, abort and failure."""
+
+    lifecycle: Lifecycle
+    mailbox_capacity = 4096
+
+    def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int, is_probe: bool = False) -> None:
+        super().__init__(f"req:{rid}")
+        self.rid = rid
+        self.state = self.lifecycle.initial
+        self.scheduler = scheduler
+        self.stream = OutputStream()
+        self.is_probe = is_probe
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = 0
+        self.t_arrival = 0.0
+        self.t_first: float | None = None
+        self.t_done: float | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def on_start(self) -> None:
+        sysm = self.system
+        assert sysm is not None
+        self.t_arrival = sysm.clock.now()
+        if sysm.recorder is not None:
+            sysm.recorder.created(self.lifecycle, self, {"probe": True} if self.is_probe else None)
+
+    def fire(self, event: str) -> None:
+        rec = self.system.recorder if self.system is not None else None
+        self.lifecycle.fire(self, event, observer=rec)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in self.lifecycle.terminal
+
+    def _finish(self, item: RequestOutput) -> None:
+        """Deliver the last output and stop: the request is over."""
+        assert self.system is not None
+        self.t_done = self.system.clock.now()
+        item.finished = True
+        item.prompt_tokens = self.prompt_tokens
+        item.cached_tokens = self.cached_tokens
+        self._fill_usage(item)
+        self.stream.put(item)
+        self.stop()
+
+    def _fill_usage(self, item: RequestOutput) -> None:
+        pass
+
+    # -- messages common to all kinds ----------------------------------------------------------
+    @handles(Scheduled)
+    def _scheduled(self, msg: Scheduled) -> None:
+        self.cached_tokens = msg.cached_tokens
+        self.fire("schedule")
+
+    @handles(Aborted)
+    def _aborted(self, msg: Aborted) -> None:
+        self.fire("abort")
+        self._finish(self._tail_output(finish_reason="abort", error=None if msg.reason == "abort" else msg.reason))
+
+    @handles(Failed)
+    def _failed(self, msg: Failed) -> None:
+        self.fire("fail")
+        self._finish(self._tail_output(finish_reason="error", error=msg.error))
+
+    def _tail_output(self, **kw: Any) -> RequestOutput:
+        return RequestOutput(self.rid, **kw)
+
+    def on_failure(self, message: Any, exc: BaseException) -> None:
+        """A handler raised: this request fails with the reason; the runtime goes on."""
+        super().on_failure(message, exc)
+        if self.terminal or not self.alive:
+            return
+        error = f"internal error in {type(message).__name__} handler: {type(exc).__name__}: {exc}"
+        try:
+            self.fire("fail")
+        finally:
+            if self.scheduler.alive:
+                self.scheduler.tell(Release(self.rid, "error"))
+            self._finish(self._tail_output(finish_reason="error", error=error))
+
+
+class GenerationActor(RequestActor):
+    lifecycle = GENERATION
+
+    def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
+                 detokenizer: Any = None, logprobs: bool = False, is_probe: bool = False) -> None:
+        super().__init__(rid, scheduler=scheduler, prompt_tokens=prompt_tokens, is_probe=is_probe)
+        self.detok = detokenizer
+        self.want_logprobs = logprobs
+        self.completion_tokens = 0
+        self.prefill_done = False  # this incarnation's prompt is in the KV (reset by retract)
+
+    @property
+    def prefill_complete(self) -> bool:
+        """Condition of `resume`: back to decode if the prompt was already computed."""
+        return self.prefill_done
+
+    def _fill_usage(self, item: RequestOutput) -> None:
+        item.completion_tokens = self.completion_tokens
+
+    @handles(PrefillProgress)
+    def _progress(self, msg: PrefillProgress) -> None:
+        self.fire("prefill_chunk")
+
+    @handles(TokenOut)
+    def _token(self, msg: TokenOut) -> None:
+        if not self.prefill_done:
+            self.fire("first_token")
+            self.prefill_done = True
+        if self.t_first is None:
+            assert self.system is not None
+            self.t_first = self.system.clock.now()
+        self.completion_tokens += 1
+        text = self.detok.add([msg.token_id]) if self.detok is not None else ""
+        finish = msg.finish_reason
+        stopped = self.detok is not None and getattr(self.detok, "stopped", None)
+        if stopped and finish is None:
+            finish = "stop"
+            self.scheduler.tell(Release(self.rid, "stop"))
+        lp = [(msg.token_id, msg.logprob, msg.top_logprobs)] if self.want_logprobs else None
+        if finish is None:
+            self.stream.put(RequestOutput(self.rid, text=text, token_ids=[msg.token_id], logprobs=lp))
+            return
+        self.fire("finish")
+        if self.detok is not None:
+            text += self.detok.finish()
+        self.fire("deliver")
+        self._finish(RequestOutput(self.rid, text=text, token_ids=[msg.token_id], logprobs=lp,
+                                   finish_reason=finish))
+
+    def _tail_output(self, **kw: Any) -> RequestOutput:
+        # Abort and failure keep the partial text: flush what the detokenizer held back.
+        text = self.detok.finish() if self.detok is not None else ""
+        return RequestOutput(self.rid, text=text, **kw)
+
+    @handles(Paused)
+    def _paused(self, msg: Paused) -> None:
+        self.fire("pause")
+
+    @handles(Resumed)
+    def _resumed(self, msg: Resumed) -> None:
+        self.fire("resume")
+
+    @handles(Retracted)
+    def _retracted(self, msg: Retracted) -> None:
+        self.fire("retract")
+        self.prefill_done = False
+        self.fire("requeue")
+
+
+class PoolingActor(RequestActor):
+    lifecycle = POOLING
+
+    def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
+                 head: Callable[[Any], Any] | None = None, is_probe: bool = False) -> None:
+        super().__init__(rid, scheduler=scheduler, prompt_tokens=prompt_tokens, is_probe=is_probe)
+        self.head = head
+
+    @handles(PrefillProgress)
+    def _progress(self, msg: PrefillProgress) -> None:
+        self.fire("forward_chunk")
+
+    @handles(PoolOut)
+    def _pooled(self, msg: PoolOut) -> None:
+        self.fire("forward_done")
+        value = self.head(msg.pooled) if self.head is not None else msg.pooled
+        self.fire("deliver")
+        self._finish(RequestOutput(self.rid, pooled=value, finish_reason="stop"))

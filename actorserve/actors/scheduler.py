@@ -1,0 +1,336 @@
+"""The scheduler actor: owns the queues and the KV accounting, runs one model step at a time.
+
+A step's life: when the scheduler's mailbox drains (`on_drained`) and no step is in flight,
+it asks the `BatchPolicy` for the next batch, tells newly admitted request actors
+`Scheduled`, and hands `engine.execute(batch)` to a worker thread. The result comes back as a
+`StepDone` message; the scheduler advances each member, routes tokens / pooled values to the
+request actors, frees finished sequences' blocks, and the cycle repeats.
+
+Because the next step starts only once the mailbox is empty, any `Abort` or `Pause` that
+arrived while a step was running is applied before the next step: an aborted request leaves
+at once (its client gets `finish_reason: abort` right away), and its blocks are freed when
+the in-flight step returns — never while the worker thread may still read its block table.
+A pause that arrives mid-step takes effect at the step boundary, and its reply waits for it.
+
+Pause modes: `abort` aborts everything in flight; `retract` frees all KV and puts running
+requests back at the front of the queue (recomputed on continue); `in_place` forms no new
+batch and keeps the KV. While paused in any mode new requests queue up; `Continue` resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.base import Engine
+from ..engine.batching import BatchConfig, BatchPolicy
+from ..engine.block_manager import BlockManager
+from ..messages import (
+    Abort, Aborted, Continue, ControlResult, Failed, Flush, FlushTimeout, Pause, Paused,
+    PoolOut, PrefillProgress, Release, Resumed, Retracted, Scheduled, StepDone, Submit, TokenOut,
+)
+from .actor import Actor, handles
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    waiting: int
+    running: int
+    paused_mode: str | None
+    step_in_flight: bool
+    steps: int
+    live_requests: int
+    kv_used_blocks: int
+    kv_free_blocks: int
+    kv_cached_blocks: int
+    kv_usage: float
+    prefix_hit_rate: float
+    generated_tokens: int
+    prompt_tokens: int
+
+
+class SchedulerActor(Actor):
+    mailbox_capacity = 1 << 16
+
+    def __init__(self, engine: Engine, *, batch: BatchConfig | None = None,
+                 block_manager: BlockManager | None = None, step_in_thread: bool = True,
+                 name: str = "scheduler") -> None:
+        super().__init__(name)
+        self.engine = engine
+        info = engine.info
+        self.bm = block_manager or BlockManager(info.num_blocks, info.block_size)
+        self.policy = BatchPolicy(batch)
+        self.step_in_thread = step_in_thread
+        self.probe_lane: deque[Any] = deque()
+        self.lane: deque[Any] = deque()
+        self.running: list[Any] = []
+        self.seqs: dict[str, Any] = {}
+        self.actors: dict[str, Actor] = {}
+        self.paused_mode: str | None = None
+        self.step_id = 0
+        self.inflight: dict[str, Any] | None = None   # rid -> seq of the step being computed
+        self._free_after_step: list[Any] = []
+        self._pending_pause: tuple[str, asyncio.Future[ControlResult]] | None = None
+        self._flush_waiter: asyncio.Future[ControlResult] | None = None
+        self.generated_tokens = 0
+        self.prompt_tokens = 0
+
+    # -- admission -----------------------------------------------------------------------------
+    @handles(Submit)
+    def _submit(self, msg: Submit) -> None:
+        seq, actor = msg.seq, msg.actor
+        if msg.rid in self.seqs:
+            actor.tell(Failed(msg.rid, f"duplicate request id {msg.rid!r}"))
+            return
+        info = self.engine.info
+        capacity = min(info.max_model_len, info.num_blocks * info.block_size)
+        if seq.num_tokens >= capacity:
+            actor.tell(Failed(msg.rid, f"prompt of {seq.num_tokens} tokens leaves no room to "
+                                       f"generate (capacity {capacity} tokens)"))
+            return
+        self.seqs[msg.rid] = seq
+        self.actors[msg.rid] = actor
+        self.prompt_tokens += len(seq.prompt_ids)
+        (self.probe_lane if seq.is_probe else self.lane).append(seq)
+
+    # -- leaving -------------------------------------------------------------------------------
+    def _drop(self, rid: str) -> Actor | None:
+        """Forget a request; free its blocks now, or after the in-flight step if it is in it."""
+        seq = self.seqs.pop(rid, None)
+        actor = self.actors.pop(rid, None)
+        if seq is None:
+            return None
+        if seq in self.running:
+            self.running.remove(seq)
+        else:
+            for lane in (self.lane, self.probe_lane):
+                try:
+                    lane.remove(seq)
+                except ValueError:
+                    pass
+        if self.inflight is not None and rid in self.inflight:
+            self._free_after_step.append(seq)
+        else:
+            self.bm.free(seq)
+            self.engine.release(seq)
+        return actor
+
+    def _matches(self, msg: Abort) -> list[str]:
+        if msg.abort_all:
+            return list(self.seqs)
+        if not msg.rid:  # an empty rid never matches everything
+            return []
+        if msg.prefix:
+            return [rid for rid in self.seqs if rid.startswith(msg.rid)]
+        return [msg.rid] if msg.rid in self.seqs else []
+
+    @handles(Abort)
+    def _abort(self, msg: Abort) -> int:
+        rids = self._matches(msg)
+        for rid in rids:
+            actor = self._drop(rid)
+            if actor is not None and actor.alive:
+                actor.tell(Aborted(rid, msg.reason))
+        return len(rids)
+
+    @handles(Release)
+    def _release(self, msg: Release) -> None:
+        self._drop(msg.rid)
+
+    # -- pause / continue / flush --------------------------------------------------------------
+    @handles(Pause)
+    def _pause(self, msg: Pause) -> Any:
+        if msg.mode not in PAUSE_MODES:
+            return ControlResult(False, f"unknown pause mode {msg.mode!r}; use one of {PAUSE_MODES}")
+        if self.paused_mode is not None:
+            return ControlResult(False, f"already paused ({self.paused_mode}); continue first")
+        if self.inflight is not None:  # take effect at the step boundary
+            if self._pending_pause is not None:
+                return ControlResult(False, "a pause is already pending")
+            fut = asyncio.get_running_loop().create_future()
+            self._pending_pause = (msg.mode, fut)
+            return fut
+        return self._apply_pause(msg.mode)
+
+    def _apply_pause(self, mode: str) -> ControlResult:
+        self.paused_mode = mode
+        n = len(self.running)
+        if mode == "abort":
+            n = self._abort(Abort(abort_all=True))
+        elif mode == "retract":
+            for seq in self.running:
+                self.bm.free(seq)
+                self.actors[seq.rid].tell(Retracted(seq.rid))
+            self.lane.extendleft(reversed(self.running))
+            self.running.clear()
+        else:
+            for seq in self.running:
+                self.actors[seq.rid].tell(Paused(seq.rid))
+        return ControlResult(True, f"paused ({mode})", {"mode": mode, "affected": n})
+
+    @handles(Continue)
+    def _continue(self, msg: Continue) -> ControlResult:
+        mode, self.paused_mode = self.paused_mode, None
+        if mode == "in_place":
+            for seq in self.running:
+                self.actors[seq.rid].tell(Resumed(seq.rid))
+        return ControlResult(True, "continued" if mode else "was not paused", {"was": mode})
+
+    @property
+    def idle(self) -> bool:
+        return not self.seqs and self.inflight is None
+
+    @handles(Flush)
+    def _flush(self, msg: Flush) -> Any:
+        if self.paused_mode == "in_place":
+            return ControlResult(False, "cannot flush while paused in_place: the KV is kept")
+        if self.idle:
+            return self._do_flush()
+        if not msg.wait:
+            return ControlResult(False, f"engine busy: {len(self.seqs)} requests in flight",
+                                 {"busy": len(self.seqs)})
+        fut = asyncio.get_running_loop().create_future()
+        if self._flush_waiter is not None:
+            fut.set_result(ControlResult(False, "another flush is already waiting for idle"))
+        else:
+            self._flush_waiter = fut
+        return fut
+
+    @handles(FlushTimeout)
+    def _flush_timeout(self, msg: FlushTimeout) -> None:
+        w, self._flush_waiter = self._flush_waiter, None
+        if w is not None and not w.done():
+            w.set_result(ControlResult(False, "timed out waiting for the engine to become idle",
+                                       {"busy": len(self.seqs)}))
+
+    def _do_flush(self) -> ControlResult:
+        n = self.bm.flush()
+        return ControlResult(True, "prefix cache flushed", {"freed_blocks": n})
+
+    # -- stepping ------------------------------------------------------------------------------
+    def on_drained(self) -> None:
+        if self.inflight is not None:
+            return
+        if self._flush_waiter is not None and self.idle and self.paused_mode != "in_place":
+            w, self._flush_waiter = self._flush_waiter, None
+            if not w.done():
+                w.set_result(self._do_flush())
+        if self.paused_mode is not None:
+            return
+        plan = self.policy.plan(self.running, [self.probe_lane, self.lane], self.bm)
+        for seq in plan.retracted:
+            self.actors[seq.rid].tell(Retracted(seq.rid))
+        self.lane.extendleft(plan.retracted)
+        for seq, cached in plan.admitted:
+            self.actors[seq.rid].tell(Scheduled(seq.rid, cached))
+        if not plan.batch:
+            self._fail_unfittable()
+            return
+        self.step_id += 1
+        self.inflight = {seq.rid: seq for seq, _ in plan.batch}
+        rec = self.system.recorder if self.system is not None else None
+        if rec is not None:
+            rec.note("step", "step", data={"step": self.step_id,
+                                            "batch": [[s.rid, n] for s, n in plan.batch]})
+        batch = plan.batch
+        step = self.step_id
+        run = self.system.run_in_thread if self.step_in_thread else self.system.run_inline
+        run(self, self.engine.execute, batch,
+            wrap=lambda res, err: StepDone(step, batch, res, err))
+
+    def _fail_unfittable(self) -> None:
+        """Nothing runs and the head of the queue still does not fit: it never will."""
+        if self.running:
+            return
+        for lane in (self.probe_lane, self.lane):
+            if lane:
+                seq = lane[0]
+                actor = self._drop(seq.rid)
+                if actor is not None:
+                    actor.tell(Failed(seq.rid, "the request needs more KV blocks than the cache has"))
+                return
+
+    @handles(StepDone)
+    def _step_done(self, msg: StepDone) -> None:
+        self.inflight = None
+        if msg.error is not None:
+            err = f"model step failed: {type(msg.error).__name__}: {msg.error}"
+            for seq, _ in msg.batch:
+                if self.seqs.get(seq.rid) is seq:
+                    actor = self._drop(seq.rid)
+                    if actor is not None:
+                        actor.tell(Failed(seq.rid, err))
+        else:
+            counts = {id(seq): n for seq, n in msg.batch}
+            for out in msg.outputs or ():
+                seq = out.seq
+                if self.seqs.get(seq.rid) is not seq:
+                    continue  # aborted or released while the step ran
+                seq.num_computed += counts[id(seq)]
+                self.bm.commit(seq)
+                self._route(seq, out)
+        for seq in self._free_after_step:
+            self.bm.free(seq)
+            self.engine.release(seq)
+        self._free_after_step.clear()
+        if self._pending_pause is not None:
+            mode, fut = self._pending_pause
+            self._pending_pause = None
+            res = self._apply_pause(mode)
+            if not fut.done():
+                fut.set_result(res)
+
+    def _route(self, seq: Any, out: Any) -> None:
+        actor = self.actors[seq.rid]
+        if seq.pooling is not None:
+            if out.pooled is None:
+                actor.tell(PrefillProgress(seq.rid, seq.num_computed))
+            else:
+                self._drop(seq.rid)
+                actor.tell(PoolOut(seq.rid, out.pooled))
+            return
+        if out.token_id is None:
+            actor.tell(PrefillProgress(seq.rid, seq.num_computed))
+            return
+        tok = out.token_id
+        seq.output_ids.append(tok)
+        self.generated_tokens += 1
+        reason = self._finish_reason(seq, tok)
+        if reason is not None:
+            self._drop(seq.rid)
+        actor.tell(TokenOut(seq.rid, tok, out.logprob, out.top_logprobs, reason))
+
+    def _finish_reason(self, seq: Any, tok: int) -> str | None:
+        sp = seq.sampling
+        info = self.engine.info
+        if tok in sp.stop_token_ids or (not sp.ignore_eos and tok in info.eos_token_ids):
+            return "stop"
+        if len(seq.output_ids) >= sp.max_new_tokens:
+            return "length"
+        if seq.num_tokens >= min(info.max_model_len, info.num_blocks * info.block_size):
+            return "length"
+        return None
+
+    # -- introspection and teardown ------------------------------------------------------------
+    def stats(self) -> SchedulerStats:
+        kv = self.bm.stats()
+        return SchedulerStats(
+            waiting=len(self.lane) + len(self.probe_lane), running=len(self.running),
+            paused_mode=self.paused_mode, step_in_flight=self.inflight is not None,
+            steps=self.step_id, live_requests=len(self.seqs), kv_used_blocks=kv.used_blocks,
+            kv_free_blocks=kv.free_blocks, kv_cached_blocks=kv.cached_free_blocks,
+            kv_usage=kv.usage, prefix_hit_rate=kv.hit_rate,
+            generated_tokens=self.generated_tokens, prompt_tokens=self.prompt_tokens)
+
+    def on_stop(self) -> None:
+        for rid in list(self.seqs):
+            actor = self._drop(rid)
+            if actor is not None and actor.alive:
+                actor.tell(Aborted(rid, "server shutting down"))
+        for fut in (self._flush_waiter, self._pending_pause[1] if self._pending_pause else None):
+            if fut is not None and not fut.done():
+                fut.set_result(ControlResult(False, "server shutting down"))

@@ -1,0 +1,180 @@
+"""`ActorSystem`: spawns, schedules, supervises and stops actors; knows when all is quiet.
+
+Scheduling: an actor with mail gets one turn via `loop.call_soon`; a turn that leaves mail
+behind schedules another, so actors share the loop fairly.
+
+Quiescence is exact, not slept: the system counts actors that have a turn pending plus
+off-loop operations it started (`run_in_thread`, `pipe`). `quiesce()` returns when that
+count is zero, i.e. nothing can happen any more until the outside world (a client, or the
+manual clock) does something.
+
+Supervision: a child's failure is passed to its supervisor actor if it has one (its
+`on_child_failure`), else to the system's `on_failure` callback. The default policy keeps
+the actor running: the failing message alone is lost, and the request actors turn their own
+failures into a `failed` lifecycle state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from typing import Any, Callable, TypeVar
+
+from .actor import Actor, ActorDeadError, Phase
+from .clock import Clock, LoopClock
+
+log = logging.getLogger("actorserve.actors")
+
+A = TypeVar("A", bound=Actor)
+
+
+class ActorSystem:
+    def __init__(self, *, clock: Clock | None = None, recorder: Any = None,
+                 executor: concurrent.futures.Executor | None = None,
+                 on_failure: Callable[[Actor, Any, BaseException], None] | None = None) -> None:
+        self.clock: Clock = clock or LoopClock()
+        self.recorder = recorder
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._actors: dict[str, Actor] = {}
+        self._busy = 0                 # actors with a turn pending + off-loop operations
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._executor = executor
+        self._own_executor = executor is None
+        self._on_failure = on_failure
+        self.failures: list[tuple[str, str, BaseException]] = []
+
+    # -- spawning ------------------------------------------------------------------------------
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def spawn(self, actor: A, *, supervisor: Actor | None = None) -> A:
+        if actor.name in self._actors:
+            raise ValueError(f"an actor named {actor.name!r} is already running")
+        actor.system = self
+        actor.supervisor = supervisor
+        actor.on_start()                 # setup; raising means it never runs
+        actor.phase = Phase.running
+        self._actors[actor.name] = actor
+        return actor
+
+    def get(self, name: str) -> Actor | None:
+        return self._actors.get(name)
+
+    @property
+    def actors(self) -> dict[str, Actor]:
+        return dict(self._actors)
+
+    def _forget(self, actor: Actor) -> None:
+        if self._actors.get(actor.name) is actor:
+            del self._actors[actor.name]
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def _schedule(self, actor: Actor) -> None:
+        self._inc()
+        self.loop.call_soon(self._run_turn, actor)
+
+    def _run_turn(self, actor: Actor) -> None:
+        try:
+            if actor.phase is Phase.running:
+                actor._turn()
+            if actor.phase is Phase.running and len(actor.mailbox):
+                self.loop.call_soon(self._run_turn, actor)
+                return  # still busy: keep the count
+            actor._turn_pending = False
+            if actor.phase is Phase.running:
+                actor.on_drained()
+        except Exception as exc:  # a hook raised: treat as a failure of the actor
+            actor._turn_pending = False
+            self.child_failed(actor, None, exc)
+        self._dec()
+
+    def _inc(self) -> None:
+        if self._busy == 0:
+            self._idle.clear()
+        self._busy += 1
+
+    def _dec(self) -> None:
+        self._busy -= 1
+        if self._busy == 0:
+            self._idle.set()
+
+    # -- off-loop work -------------------------------------------------------------------------
+    def run_in_thread(self, target: Actor, fn: Callable[..., Any], *args: Any,
+                      wrap: Callable[[Any, BaseException | None], Any]) -> None:
+        """Run `fn(*args)` in a worker thread; tell `target` `wrap(result, error)` when done."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="actorserve-step")
+        fut = self.loop.run_in_executor(self._executor, fn, *args)
+        self.pipe(fut, target, wrap)
+
+    def run_inline(self, target: Actor, fn: Callable[..., Any], *args: Any,
+                   wrap: Callable[[Any, BaseException | None], Any]) -> None:
+        """Same contract as `run_in_thread`, but runs on the loop in its own callback (tests)."""
+        fut = self.loop.create_future()
+
+        def call() -> None:
+            try:
+                fut.set_result(fn(*args))
+            except Exception as exc:
+                fut.set_exception(exc)
+
+        self.loop.call_soon(call)
+        self.pipe(fut, target, wrap)
+
+    def pipe(self, fut: asyncio.Future[Any], target: Actor,
+             wrap: Callable[[Any, BaseException | None], Any]) -> None:
+        """When `fut` resolves, tell `target` the wrapped outcome. Counted by `quiesce`."""
+        self._inc()
+
+        def done(f: asyncio.Future[Any]) -> None:
+            try:
+                if f.cancelled():
+                    msg = wrap(None, asyncio.CancelledError())
+                elif f.exception() is not None:
+                    msg = wrap(None, f.exception())
+                else:
+                    msg = wrap(f.result(), None)
+                if target.alive:
+                    target.tell(msg)
+            except ActorDeadError:
+                pass
+            finally:
+                self._dec()
+
+        fut.add_done_callback(done)
+
+    # -- supervision ---------------------------------------------------------------------------
+    def child_failed(self, actor: Actor, message: Any, exc: BaseException) -> None:
+        what = type(message).__name__ if message is not None else "hook"
+        self.failures.append((actor.name, what, exc))
+        del self.failures[:-100]
+        sup = actor.supervisor
+        if sup is not None and sup.alive and hasattr(sup, "on_child_failure"):
+            sup.on_child_failure(actor, message, exc)  # type: ignore[attr-defined]
+        elif self._on_failure is not None:
+            self._on_failure(actor, message, exc)
+        else:
+            log.error("%s failed on %s: %r", actor.name, what, exc)
+
+    # -- quiescence and shutdown ---------------------------------------------------------------
+    @property
+    def busy(self) -> int:
+        return self._busy
+
+    async def quiesce(self) -> None:
+        """Return once no actor has mail and no off-loop operation is outstanding."""
+        while self._busy:
+            await self._idle.wait()
+
+    async def shutdown(self) -> None:
+        """Stop every actor (teardown fails their pending replies) and the worker thread."""
+        for actor in list(self._actors.values()):
+            actor.stop()
+        if self._executor is not None and self._own_executor:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None

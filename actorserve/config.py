@@ -1,0 +1,46 @@
+"""Configuration as frozen dataclasses, built once at start-up and passed down explicitly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .engine.batching import BatchConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    model: str = "default"             # "default" (SmolLM2), "tiny", a HF folder or a .gguf file
+    embedding_model: str | None = None
+    threads: int | None = None          # torch intra-op threads; None = all cores
+    kv_blocks: int | None = None        # None = sized from kv_memory_gb
+    kv_memory_gb: float = 1.0
+    block_size: int = 16
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    step_in_thread: bool = True         # run the model step in a worker thread (off the loop)
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderConfig:
+    path: str | None = None             # JSONL file; None = ring buffer only
+    capacity: int = 100_000             # events kept in memory
+    max_bytes: int = 256 << 20          # rotate the file past this size
+    backups: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    max_body_bytes: int = 8 << 20
+    model: ModelConfig = field(default_factory=ModelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    recorder: RecorderConfig = field(default_factory=RecorderConfig)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")

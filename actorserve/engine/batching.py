@@ -1,0 +1,89 @@
+"""Batching policy: which sequences run in the next step, and how many tokens each.
+
+Pure code over `Sequence` and `BlockManager`; the scheduler actor owns the queues and asks
+`plan()` once per step. The policy is continuous batching with chunked prefill under a token
+budget, first come first served:
+
+1. Running sequences first, oldest first: a decode costs one token, an unfinished prefill a
+   chunk of what is left of the budget. When the KV cache cannot grow for one of them, the
+   youngest running sequence is *retracted* (its blocks freed; it is recomputed later) until
+   the older one fits — a full cache slows requests down, it never crashes the server.
+2. Then waiting sequences, probes' lane first: each is matched against the prefix cache,
+   then given a chunk of the remaining budget if its blocks can be allocated. The first one
+   that does not fit stops admission (no overtaking, so no starvation).
+
+`plan()` never touches a sequence's token lists; it only allocates or frees blocks and
+returns the decision.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class BatchConfig:
+    max_num_seqs: int = 64            # sequences in one step
+    max_batch_tokens: int = 2048      # tokens computed in one step (prefill chunks + decodes)
+    max_prefill_chunk: int = 512      # largest prefill chunk for one sequence in one step
+
+    def __post_init__(self) -> None:
+        if min(self.max_num_seqs, self.max_batch_tokens, self.max_prefill_chunk) < 1:
+            raise ValueError("batch limits must be >= 1")
+
+
+@dataclass(slots=True)
+class Plan:
+    batch: list[tuple[Sequence, int]] = field(default_factory=list)
+    admitted: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, cached tokens)
+    retracted: list[Sequence] = field(default_factory=list)
+
+
+class BatchPolicy:
+    def __init__(self, config: BatchConfig | None = None) -> None:
+        self.config = config or BatchConfig()
+
+    def plan(self, running: list[Sequence], lanes: list[deque[Sequence]], bm: BlockManager) -> Plan:
+        """Choose the next step. `running` is oldest-first and may shrink (retraction);
+        admitted sequences are popped from the front of `lanes` (highest priority first)."""
+        cfg = self.config
+        out = Plan()
+        budget = cfg.max_batch_tokens
+        i = 0
+        while i < len(running) and budget > 0 and len(out.batch) < cfg.max_num_seqs:
+            seq = running[i]
+            n = min(seq.num_uncomputed, budget, cfg.max_prefill_chunk)
+            if n <= 0:
+                i += 1
+                continue
+            if not bm.allocate(seq, n):
+                victim = running[-1]
+                running.pop()
+                bm.free(victim)
+                out.retracted.append(victim)
+                if victim is seq:
+                    break
+                continue
+            out.batch.append((seq, n))
+            budget -= n
+            i += 1
+        if out.retracted:
+            return out  # memory is short: admit nothing new this step
+        for lane in lanes:
+            while lane and budget > 0 and len(out.batch) < cfg.max_num_seqs:
+                seq = lane[0]
+                cached = bm.match_prefix(seq)
+                n = min(seq.num_uncomputed, budget, cfg.max_prefill_chunk)
+                if not bm.allocate(seq, n):
+                    bm.free(seq)
+                    return out
+                lane.popleft()
+                running.append(seq)
+                out.admitted.append((seq, cached))
+                out.batch.append((seq, n))
+                budget -= n
+        return out

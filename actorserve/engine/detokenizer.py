@@ -1,0 +1,205 @@
+"""Streaming detokenization: token ids in, stable text deltas out.
+
+Design
+------
+Two layers, each with one invariant.
+
+**Token layer (bytes → stable text).** Decoding one token at a time is wrong for real
+tokenizers: SentencePiece strips the leading space of the first token it decodes, and a
+multi-byte UTF-8 character may be spread over several byte-fallback / byte-level tokens
+that each decode to U+FFFD on their own. As streaming detokenizers do, we keep a short
+*window* of the most recent token ids and re-decode the whole window after each add:
+
+* ``window`` - the last few ids (special ids already dropped when skipping them, so the
+  window never starts with an invisible token that would change SentencePiece's
+  leading-space stripping);
+* ``emitted`` - how many characters of ``decode(window)`` have already been handed out.
+
+After appending new ids, ``text = decode(window)``; everything up to the trailing run of
+U+FFFD is stable (a dangling replacement character may still become a real character when
+its remaining bytes arrive), so the delta is ``text[emitted:stable_end]``. Because the
+decode of a window is a prefix-stable function of its ids, ``text[:emitted]`` never changes.
+To keep the work O(window) per token instead of O(n), once the window grows past
+``2 * _CONTEXT`` ids it is cut to roughly its last ``_CONTEXT`` ids and ``emitted`` is
+re-based on the new window. The cut must land on a character boundary where the short
+window decodes to a suffix of the long window's text; then the not-yet-emitted trailing
+characters (at most one partial character, in the last few ids) are the same in both.
+
+Known limit: for *invalid* UTF-8 byte runs, HF's byte-fallback decoder turns the whole run
+into U+FFFD, including valid bytes before the bad one, which no streaming decoder can
+reproduce without unbounded hold-back; we emit the valid prefix. Valid text always matches
+``tokenizer.decode`` exactly.
+
+**Text layer (stop strings).** Stable text goes through a hold-back buffer: the longest
+tail that is a proper prefix of some stop string is held, so no part of a stop string is
+emitted before the stop can be recognised. When a stop string appears, text is truncated
+before it (or after it with ``include_stop``), ``stopped`` is set, and every later ``add``
+returns ``""``. ``finish()`` flushes the held tail, including a trailing partial
+character as U+FFFD, exactly as ``tokenizer.decode`` would render it.
+
+Works with a HF tokenizer or anything exposing one as ``.hf`` (our `TextTokenizer`).
+No torch import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["IncrementalDetokenizer", "special_token_ids"]
+
+_REPLACEMENT = "\ufffd"
+_CONTEXT = 6          # ids kept for context when the window is cut
+
+
+def special_token_ids(hf_tokenizer: Any) -> frozenset[int]:
+    """Ids that ``decode(..., skip_special_tokens=True)`` drops."""
+    ids: set[int] = set(getattr(hf_tokenizer, "all_special_ids", ()) or ())
+    added = getattr(hf_tokenizer, "added_tokens_decoder", None) or {}
+    for tid, tok in added.items():
+        if getattr(tok, "special", False):
+            ids.add(int(tid))
+    return frozenset(ids)
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of generated token ids into stable text deltas.
+
+    ``add(ids)`` returns the newly stable text, ``finish()`` what was held back; their
+    concatenation equals ``.text``. ``.stopped`` is the stop string that ended the text.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        skip_special_tokens: bool = True,
+        stop: Iterable[str] = (),
+        include_stop: bool = False,
+        special_ids: frozenset[int] | None = None,
+    ) -> None:
+        self._hf = getattr(tokenizer, "hf", tokenizer)
+        self.skip_special_tokens = skip_special_tokens
+        self.stop: tuple[str, ...] = tuple(s for s in stop if s)
+        self.include_stop = include_stop
+        if skip_special_tokens:
+            self._skip = special_ids if special_ids is not None else special_token_ids(self._hf)
+        else:
+            self._skip = frozenset()
+        self._window: list[int] = []
+        self._emitted = 0           # chars of decode(window) already passed to the text layer
+        self._held = ""             # stable text held back as a possible stop-string prefix
+        self._parts: list[str] = []
+        self._text_cache: str | None = ""
+        self.stopped: str | None = None
+        self.finished = False
+        self.num_tokens = 0
+
+    # ----------------------------------------------------------------- public
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far (held-back text excluded)."""
+        if self._text_cache is None:
+            self._text_cache = "".join(self._parts)
+            self._parts = [self._text_cache]
+        return self._text_cache
+
+    def add(self, token_ids: Iterable[int]) -> str:
+        """Append generated ids; return the text that became stable."""
+        if self.stopped is not None or self.finished:
+            return ""
+        new = [int(t) for t in token_ids]
+        self.num_tokens += len(new)
+        if self._skip:
+            new = [t for t in new if t not in self._skip]
+        if not new:
+            return ""
+        self._window.extend(new)
+        text = self._decode(self._window)
+        stable_end = len(text.rstrip(_REPLACEMENT))
+        chunk = ""
+        if stable_end > self._emitted:
+            chunk = text[self._emitted:stable_end]
+            self._emitted = stable_end
+        if len(self._window) > 2 * _CONTEXT:
+            self._rebase(text)
+        return self._push(chunk, final=False)
+
+    def finish(self) -> str:
+        """Flush everything held back (a trailing partial character comes out as U+FFFD)."""
+        if self.stopped is not None or self.finished:
+            self.finished = True
+            return ""
+        text = self._decode(self._window)
+        chunk = text[self._emitted:]
+        self._emitted = len(text)
+        out = self._push(chunk, final=True)
+        self.finished = True
+        return out
+
+    # --------------------------------------------------------------- internals
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._hf.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                               clean_up_tokenization_spaces=False)
+
+    def _rebase(self, text: str) -> None:
+        """Cut the window to (about) its last ``_CONTEXT`` ids, keeping ``emitted`` consistent.
+
+        A cut is accepted only where the kept ids decode to a suffix of the current text
+        that does not start with U+FFFD: i.e. at a character boundary, where the decode of
+        the short window agrees with the long one (a byte-fallback run cut mid-character
+        decodes to replacement characters as a whole, so such cuts are rejected). If no
+        nearby cut qualifies, the window is kept and the cut is retried on the next add.
+        """
+        pending = len(text) - self._emitted
+        if pending < 0 or len(text.rstrip(_REPLACEMENT)) < self._emitted:
+            return
+        for start in range(len(self._window) - _CONTEXT, len(self._window) - 2 * _CONTEXT, -1):
+            if start <= 0:
+                return
+            kept = self._window[start:]
+            kept_text = self._decode(kept)
+            if (len(kept_text) >= pending and kept_text and not kept_text.startswith(_REPLACEMENT)
+                    and text.endswith(kept_text)):
+                self._window = kept
+                self._emitted = len(kept_text) - pending
+                return
+
+    def _push(self, chunk: str, *, final: bool) -> str:
+        """Text layer: hold back possible stop-string prefixes, detect stops."""
+        if not self.stop:
+            return self._emit(chunk)
+        buf = self._held + chunk
+        hit_at, hit = -1, None
+        for s in self.stop:
+            at = buf.find(s)
+            if at != -1 and (hit_at == -1 or at < hit_at or (at == hit_at and len(s) > len(hit))):
+                hit_at, hit = at, s
+        if hit is not None:
+            self.stopped = hit
+            self._held = ""
+            return self._emit(buf[:hit_at + len(hit)] if self.include_stop else buf[:hit_at])
+        if final:
+            self._held = ""
+            return self._emit(buf)
+        hold = self._held_tail(buf)
+        self._held = buf[len(buf) - hold:] if hold else ""
+        return self._emit(buf[:len(buf) - hold])
+
+    def _held_tail(self, buf: str) -> int:
+        """Length of the longest tail of ``buf`` that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(buf)), best, -1):
+                if buf.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+    def _emit(self, s: str) -> str:
+        if s:
+            self._parts.append(s)
+            self._text_cache = None
+        return s

@@ -1,0 +1,104 @@
+"""A fake engine for tests and the lifecycle benchmark: same interface, no model.
+
+Deterministic: the next token of a sequence is a function of its last tokens, so two runs
+with the same inputs produce the same outputs whatever the batch composition. It checks the
+scheduler's contract on every step (block tables cover the tokens to compute, a sequence
+appears once per step, no aborted sequence is stepped) and can inject faults: `fault(batch)`
+runs at the start of every step, so a test can raise (a failing step) or block on an event
+(a stalled step).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .base import EngineInfo, SeqOutput
+from .sequence import Sequence
+
+
+class ContractViolation(AssertionError):
+    """The scheduler broke the engine interface's contract."""
+
+
+class FakeEngine:
+    def __init__(self, *, num_blocks: int = 1024, block_size: int = 4, max_model_len: int = 4096,
+                 vocab_size: int = 1000, eos_token_id: int = 0,
+                 fault: Callable[[list[tuple[Sequence, int]]], None] | None = None,
+                 keep_history: bool = True) -> None:
+        self.info = EngineInfo("fake", block_size, num_blocks, max_model_len, (eos_token_id,), vocab_size)
+        self.fault = fault
+        self.keep_history = keep_history
+        self.history: list[list[tuple[str, int]]] = []
+        self.released: set[str] = set()
+        self.steps = 0
+
+    @staticmethod
+    def next_token(token_ids: list[int], vocab_size: int) -> int:
+        a = token_ids[-1] if token_ids else 0
+        b = token_ids[-2] if len(token_ids) > 1 else 7
+        return 1 + (a * 31 + b * 17 + len(token_ids)) % (vocab_size - 1)  # never 0 (eos)
+
+    def execute(self, batch: list[tuple[Sequence, int]]) -> list[SeqOutput]:
+        self.steps += 1
+        if self.fault is not None:
+            self.fault(batch)
+        seen: set[str] = set()
+        outs: list[SeqOutput] = []
+        bs = self.info.block_size
+        for seq, n in batch:
+            if seq.rid in seen:
+                raise ContractViolation(f"{seq.rid} twice in one step")
+            seen.add(seq.rid)
+            if seq.rid in self.released:
+                raise ContractViolation(f"{seq.rid} stepped after release")
+            if n < 1 or seq.num_computed + n > seq.num_tokens:
+                raise ContractViolation(f"{seq.rid}: bad chunk {n} at {seq.num_computed}/{seq.num_tokens}")
+            if len(seq.block_table) * bs < seq.num_computed + n:
+                raise ContractViolation(f"{seq.rid}: block table too short")
+            if seq.num_computed + n < seq.num_tokens:
+                outs.append(SeqOutput(seq))
+            elif seq.pooling is not None:
+                ids = seq.prompt_ids
+                outs.append(SeqOutput(seq, pooled=[float(len(ids)), float(sum(ids) % 97)]))
+            else:
+                outs.append(SeqOutput(seq, token_id=self.next_token(seq.token_ids(), self.info.vocab_size)))
+        if self.keep_history:
+            self.history.append([(s.rid, n) for s, n in batch])
+        return outs
+
+    def release(self, seq: Sequence) -> None:
+        self.released.add(seq.rid)
+
+
+class FakeDetokenizer:
+    """Token i reads as ``<i>``; knows stop strings, like the real incremental detokenizer."""
+
+    def __init__(self, stop: tuple[str, ...] = ()) -> None:
+        self.stop = stop
+        self.text = ""
+        self.stopped: str | None = None
+
+    def add(self, token_ids: list[int]) -> str:
+        if self.stopped:
+            return ""
+        delta = "".join(f"<{t}>" for t in token_ids)
+        before = len(self.text)
+        self.text += delta
+        for s in self.stop:
+            at = self.text.find(s)
+            if at >= 0:
+                self.stopped = s
+                self.text = self.text[:at]
+                return self.text[before:] if at > before else ""
+        return delta
+
+    def finish(self) -> str:
+        return ""
+
+
+def fake_tokens(text: str) -> list[int]:
+    """A toy tokenizer for tests: one token per character."""
+    return [1 + (ord(c) % 997) for c in text] or [1]
+
+
+__all__: list[Any] = ["FakeEngine", "FakeDetokenizer", "ContractViolation", "fake_tokens"]

@@ -1,0 +1,284 @@
+"""Model runners: the `Engine` the scheduler drives, over a real transformers model.
+
+`PagedLlamaRunner` serves the Llama family (Llama, SmolLM2, Qwen2, Mistral: the same module
+tree ``model.embed_tokens / layers[i].{input_layernorm, self_attn.{q,k,v,o}_proj,
+post_attention_layernorm, mlp} / norm / rotary_emb`` and ``lm_head``). It does not copy or
+re-implement the weights: each step calls the HF submodules (linear layers, RMSNorm, MLP,
+rotary embedding) directly and replaces only what HF does per request, i.e. the KV cache
+and the attention over it, with the paged version in `paged_attention`. So any member can
+join or leave any step, prefill chunks mix with decodes, and a prefix-cache hit simply means
+the first ``num_computed`` tokens already sit in the slots the block table names.
+
+One step (``execute``): plan the flat batch, embed, then per layer norm -> q/k/v -> RoPE ->
+write K/V into the slots -> paged attention -> o_proj + residual -> MLP + residual; at the
+end the final norm and the LM head run only on the rows that produce something: the last
+row of each member whose chunk reaches the end of its known tokens. Generation rows go to
+the sampler (``actorserve.engine.sampling.sample`` unless one is injected); pooling rows get
+the full-vocabulary log-softmax (score/rerank/classify through the LM head) or, for
+``embed``, the final hidden state. The runner never touches ``num_computed``, the output
+ids or the block table: the scheduler owns them.
+
+`HFFallbackRunner` serves any other causal LM with the plain HF forward over the full token
+ids every time a member reaches the end of its tokens (no KV reuse: correct, slow).
+`build_engine` picks between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .base import EngineInfo, SeqOutput
+from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
+from .sequence import Sequence
+
+Sampler = Callable[[torch.Tensor, list[Sequence]], list[tuple[int, float, list[tuple[int, float]] | None]]]
+
+PAGED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")   # inv_freq does not depend on the positions
+
+
+def _default_sampler() -> Sampler:
+    from .sampling import sample   # another module; imported on first use
+    return sample
+
+
+def _eos_ids(model: Any, tokenizer: Any = None) -> tuple[int, ...]:
+    found: list[int] = []
+    sources = [getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+               getattr(model.config, "eos_token_id", None),
+               getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None]
+    for value in sources:
+        for tok in (value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(tok, int) and tok >= 0 and tok not in found:
+                found.append(tok)
+    return tuple(found)
+
+
+def engine_info(model: Any, *, num_blocks: int, block_size: int, tokenizer: Any = None,
+                model_name: str | None = None, max_model_len: int | None = None) -> EngineInfo:
+    """EngineInfo from the model's config. ``max_model_len`` is capped by the position
+    table, by a sliding window (attention here is full, so stay inside the window) and by
+    what the KV cache can hold."""
+    cfg = model.config
+    limit = getattr(cfg, "max_position_embeddings", None) or 2048
+    window = getattr(cfg, "sliding_window", None)
+    if window and getattr(cfg, "use_sliding_window", True):
+        limit = min(limit, int(window))
+    limit = min(limit, num_blocks * block_size)
+    if max_model_len:
+        limit = min(limit, int(max_model_len))
+    name = (model_name or getattr(model, "actorserve_name", None)
+            or Path(str(getattr(cfg, "_name_or_path", "") or "model")).name or "model")
+    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None \
+        else int(cfg.vocab_size)
+    return EngineInfo(model_name=name, block_size=block_size, num_blocks=num_blocks, max_model_len=limit,
+                      eos_token_ids=_eos_ids(model, tokenizer), vocab_size=int(vocab))
+
+
+def supports_paged(model: Any) -> bool:
+    """True when the model's module tree is the Llama shape this runner drives."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", None) not in PAGED_MODEL_TYPES:
+        return False
+    base = getattr(model, "model", None)
+    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if base is None or not all(hasattr(base, a) for a in needed) or not hasattr(model, "lm_head"):
+        return False
+    layer = base.layers[0]
+    attn = getattr(layer, "self_attn", None)
+    return (attn is not None and all(hasattr(attn, f"{p}_proj") for p in "qkvo")
+            and not hasattr(attn, "q_norm") and hasattr(layer, "mlp")
+            and hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm"))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _finish(outputs: list[SeqOutput], seqs: list[Sequence], where: list[int], hidden: torch.Tensor,
+            logits_of: Callable[[list[int]], torch.Tensor], sampler: Sampler) -> None:
+    """Fill ``outputs[where[i]]`` for each finishing member ``seqs[i]``: sample a token, or
+    pool. `hidden` holds their final-normed last rows; ``logits_of(idx)`` gives the logits
+    of the members ``idx``, computed only for those that need them."""
+    gen = [i for i, s in enumerate(seqs) if s.pooling is None]
+    head = [i for i, s in enumerate(seqs) if s.pooling is not None and s.pooling.task != "embed"]
+    logits = logits_of(gen + head).float() if gen or head else None
+    if gen:
+        picked = sampler(logits[:len(gen)], [seqs[i] for i in gen])
+        for i, (tok, lp, top) in zip(gen, picked):
+            out = outputs[where[i]]
+            out.token_id = int(tok)
+            if seqs[i].sampling.logprobs:
+                out.logprob, out.top_logprobs = (None if lp is None else float(lp)), top
+    for j, i in enumerate(head):
+        outputs[where[i]].pooled = torch.log_softmax(logits[len(gen) + j], dim=-1).clone()
+    for i, s in enumerate(seqs):
+        if s.pooling is not None and s.pooling.task == "embed":
+            vec = hidden[i].float()
+            if s.pooling.dimensions:
+                vec = vec[:s.pooling.dimensions]
+            if s.pooling.normalize:
+                vec = F.normalize(vec, dim=-1)
+            outputs[where[i]].pooled = vec.clone()
+
+
+class PagedLlamaRunner:
+    """Paged-KV runner over a Llama-family HF model (see the module docstring)."""
+
+    def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, sampler: Sampler | None = None,
+                 threads: int | None = None, tokenizer: Any = None, model_name: str | None = None,
+                 max_model_len: int | None = None) -> None:
+        if not supports_paged(model):
+            raise ValueError(f"{type(model).__name__} is not a Llama-family model; use HFFallbackRunner")
+        if threads:
+            torch.set_num_threads(int(threads))
+        cfg = model.config
+        self.model = model.eval()
+        self.base = model.model
+        self.layers = list(self.base.layers)
+        self.lm_head = model.lm_head
+        attn0 = self.layers[0].self_attn
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(attn0, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.group = self.n_heads // self.n_kv
+        self.scale = float(getattr(attn0, "scaling", self.head_dim ** -0.5))
+        self.dtype = self.base.embed_tokens.weight.dtype
+        self.kv = PagedKV(len(self.layers), num_blocks, block_size, self.n_kv, self.head_dim, self.dtype)
+        self.info = engine_info(model, num_blocks=num_blocks, block_size=block_size, tokenizer=tokenizer,
+                                model_name=model_name, max_model_len=max_model_len)
+        self._sampler = sampler
+        rope = getattr(self.base.rotary_emb, "rope_type", "default")
+        self._static_rope = rope in _STATIC_ROPE
+        self._rope_cos = self._rope_sin = torch.empty(0)
+        act = getattr(cfg, "hidden_act", None)
+        self._silu_mlp = act == "silu" and all(hasattr(self.layers[0].mlp, a)
+                                               for a in ("gate_proj", "up_proj", "down_proj"))
+
+    @property
+    def sampler(self) -> Sampler:
+        if self._sampler is None:
+            self._sampler = _default_sampler()
+        return self._sampler
+
+    def release(self, seq: Sequence) -> None:
+        """Nothing to forget: all per-sequence state lives in the block table."""
+
+    # -- pieces of a step ------------------------------------------------------------------------
+    def _rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows for `positions`, ``[T, 1, d]``, from the model's own rotary module."""
+        if not self._static_rope:
+            cos, sin = self.base.rotary_emb(like, positions[None])
+            return cos[0, :, None, :], sin[0, :, None, :]
+        need = int(positions.max()) + 1
+        if self._rope_cos.shape[0] < need:
+            cap = max(need, 2 * self._rope_cos.shape[0], 256)
+            cos, sin = self.base.rotary_emb(like, torch.arange(cap)[None])
+            self._rope_cos, self._rope_sin = cos[0].contiguous(), sin[0].contiguous()
+        return self._rope_cos[positions][:, None, :], self._rope_sin[positions][:, None, :]
+
+    def _mlp(self, mlp: Any, x: torch.Tensor) -> torch.Tensor:
+        if not self._silu_mlp:
+            return mlp(x)
+        g = mlp.gate_proj(x)
+        F.silu(g, inplace=True)
+        return mlp.down_proj(g.mul_(mlp.up_proj(x)))
+
+    def _forward(self, plan: StepPlan) -> torch.Tensor:
+        """Run all layers over the flat batch; return the hidden states before the final norm."""
+        T, nh, nkv, d = plan.num_tokens, self.n_heads, self.n_kv, self.head_dim
+        h = self.base.embed_tokens(plan.input_ids)
+        cos, sin = self._rope(plan.positions, h)
+        attn_out = self.kv.scratch("attn", (T, nh * d))
+        for li, layer in enumerate(self.layers):
+            a = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = a.q_proj(x).view(T, nh, d)
+            k = a.k_proj(x).view(T, nkv, d)
+            v = a.v_proj(x).view(T, nkv, d)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self.kv.write(li, plan.slots, k, v)
+            paged_attention(q, self.kv, li, plan, attn_out, self.scale)
+            h = h + a.o_proj(attn_out)
+            h = h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
+        return h
+
+    @torch.inference_mode()
+    def execute(self, batch: list[tuple[Sequence, int]]) -> list[SeqOutput]:
+        outputs = [SeqOutput(seq) for seq, _ in batch]
+        plan = plan_step(batch, self.kv.block_size, self.group)
+        if plan.num_tokens == 0:
+            return outputs
+        h = self._forward(plan)
+        members = [i for i, (seq, n) in enumerate(batch)
+                   if n > 0 and seq.num_computed + n == seq.num_tokens]
+        if not members:
+            return outputs
+        rows = torch.tensor([plan.last_rows[i] for i in members], dtype=torch.long)
+        hidden = self.base.norm(h.index_select(0, rows))
+        _finish(outputs, [batch[i][0] for i in members], members, hidden,
+                lambda idx: self.lm_head(hidden[idx]), self.sampler)
+        return outputs
+
+
+class HFFallbackRunner:
+    """Any causal LM through its plain HF forward, recomputing the whole prefix each time.
+
+    A chunk that stops short of the end has nothing to produce and costs nothing; a member
+    that reaches the end runs one forward over its full token ids. Same interface and
+    outputs as the paged runner; the block tables are accepted and ignored."""
+
+    def __init__(self, model: Any, *, num_blocks: int = 1024, block_size: int = 16,
+                 sampler: Sampler | None = None, threads: int | None = None, tokenizer: Any = None,
+                 model_name: str | None = None, max_model_len: int | None = None) -> None:
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.model = model.eval()
+        self.info = engine_info(model, num_blocks=num_blocks, block_size=block_size, tokenizer=tokenizer,
+                                model_name=model_name, max_model_len=max_model_len)
+        self._sampler = sampler
+
+    @property
+    def sampler(self) -> Sampler:
+        if self._sampler is None:
+            self._sampler = _default_sampler()
+        return self._sampler
+
+    def release(self, seq: Sequence) -> None:
+        """Nothing to forget: this runner keeps no per-sequence state."""
+
+    @torch.inference_mode()
+    def execute(self, batch: list[tuple[Sequence, int]]) -> list[SeqOutput]:
+        outputs = [SeqOutput(seq) for seq, _ in batch]
+        members = [i for i, (seq, n) in enumerate(batch)
+                   if n > 0 and seq.num_computed + n == seq.num_tokens]
+        if not members:
+            return outputs
+        seqs = [batch[i][0] for i in members]
+        want_hidden = any(s.pooling is not None and s.pooling.task == "embed" for s in seqs)
+        rows, logits = [], []
+        for seq in seqs:
+            ids = torch.tensor([seq.token_ids()], dtype=torch.long)
+            out = self.model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden, logits_to_keep=1)
+            logits.append(out.logits[0, -1])
+            rows.append(out.hidden_states[-1][0, -1] if want_hidden else out.logits[0, -1])
+        all_logits = torch.stack(logits)
+        _finish(outputs, seqs, members, torch.stack(rows), lambda idx: all_logits[idx], self.sampler)
+        return outputs
+
+
+def build_engine(model: Any, **kw: Any) -> PagedLlamaRunner | HFFallbackRunner:
+    """The paged runner for Llama-family models, the HF fallback for anything else.
+
+    Keyword arguments are those of the runners (``num_blocks``, ``block_size``, ``sampler``,
+    ``threads``, ``tokenizer``, ``model_name``, ``max_model_len``)."""
+    if supports_paged(model):
+        return PagedLlamaRunner(model, **kw)
+    return HFFallbackRunner(model, **kw)

@@ -1,0 +1,242 @@
+"""Token sampling: turn one step's logits ``[B, V]`` into one token per sequence.
+
+Design
+------
+Each row belongs to one `Sequence` and is processed under that sequence's `SamplingParams`
+in a fixed pipeline (the same order as HF's logits processors / vLLM's sampler):
+
+1. **Raw log-probabilities** (only if some row asks for them): ``log_softmax`` of the
+   logits exactly as the model produced them, before any penalty or temperature. The
+   OpenAI ``logprobs`` / ``top_logprobs`` fields report the model's distribution.
+2. **Penalties** (rows with non-default values only, one small scatter per row):
+   ``repetition_penalty`` with HF semantics over prompt+output tokens (a positive logit is
+   divided by the penalty, a negative one multiplied), then ``frequency_penalty`` and
+   ``presence_penalty`` with OpenAI semantics over output tokens
+   (``logit -= count * frequency + (count > 0) * presence``).
+3. **Greedy rows** (``temperature == 0`` or ``top_k == 1``) are grouped and resolved by a
+   single batched ``argmax`` over the penalised logits.
+4. **Sampling rows**: divide by temperature; rows with any truncation (``top_k``,
+   ``top_p``, ``min_p``) are sorted once in descending order and all three masks are
+   computed in sorted space (top-k by position, so it is exact under ties; top-p keeps the
+   smallest prefix whose mass reaches ``top_p``, always at least one token; min-p drops
+   tokens below ``min_p * p_max``). Rows without truncation skip the sort.
+5. **Drawing**: unseeded rows share one batched ``torch.multinomial`` call on a
+   module-level generator. A row whose params carry a ``seed`` draws alone from its own
+   ``torch.Generator`` kept in ``seq.engine_state`` (created and seeded on first use), so
+   its token stream depends only on its seed and its own logits, never on which other
+   rows share the batch.
+
+`processed_probs` exposes the distribution that step 5 draws from (one-hot for greedy
+rows); tests use it to check that a sampled token always had nonzero probability.
+
+``ignore_eos`` and stop conditions are the scheduler's business, not the sampler's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .sequence import Sequence
+
+__all__ = ["sample", "processed_probs", "apply_penalties", "get_generator", "SampleResult"]
+
+SampleResult = tuple[int, float | None, list[tuple[int, float]] | None]
+
+_GLOBAL_GENERATOR = torch.Generator(device="cpu")
+_GLOBAL_GENERATOR.seed()
+_MIN_TEMPERATURE = 1e-5
+
+
+def get_generator(seq: Sequence, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """The per-sequence generator of a seeded sequence (created on first use), else None.
+
+    ``seq.engine_state`` is shared with the runner, so it is read flexibly: a bare
+    ``torch.Generator``, a dict with key ``"generator"``, or an object with a ``generator``
+    attribute. When it is ``None`` the generator itself is stored there.
+    """
+    seed = seq.sampling.seed
+    if seed is None:
+        return None
+    state: Any = seq.engine_state
+    gen: torch.Generator | None
+    if isinstance(state, torch.Generator):
+        gen = state
+    elif isinstance(state, dict):
+        gen = state.get("generator")
+    else:
+        gen = getattr(state, "generator", None)
+    if gen is not None:
+        return gen
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(seed))
+    if state is None:
+        seq.engine_state = gen
+    elif isinstance(state, dict):
+        state["generator"] = gen
+    else:
+        setattr(state, "generator", gen)
+    return gen
+
+
+def _global_generator(device: torch.device) -> torch.Generator | None:
+    # The module generator lives on the CPU; on another device use that device's default.
+    return _GLOBAL_GENERATOR if device.type == "cpu" else None
+
+
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Return a copy of ``logits`` with repetition/frequency/presence penalties applied."""
+    out = logits.clone()
+    vocab = out.shape[-1]
+    for i, seq in enumerate(seqs):
+        sp = seq.sampling
+        rep, freq, pres = sp.repetition_penalty, sp.frequency_penalty, sp.presence_penalty
+        if rep != 1.0:
+            ids = seq.prompt_ids + seq.output_ids
+            if ids:
+                idx = torch.tensor(ids, dtype=torch.long, device=out.device).unique()
+                idx = idx[(idx >= 0) & (idx < vocab)]
+                vals = out[i, idx]
+                out[i, idx] = torch.where(vals > 0, vals / rep, vals * rep)
+        if (freq != 0.0 or pres != 0.0) and seq.output_ids:
+            idx = torch.tensor(seq.output_ids, dtype=torch.long, device=out.device)
+            idx = idx[(idx >= 0) & (idx < vocab)]
+            counts = torch.bincount(idx, minlength=vocab).to(out.dtype)
+            out[i] -= counts * freq + (counts > 0).to(out.dtype) * pres
+    return out
+
+
+def _needs_truncation(seq: Sequence) -> bool:
+    sp = seq.sampling
+    return sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0
+
+
+def _truncated_sorted_probs(
+    scaled: torch.Tensor, seqs: list[Sequence]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort each row descending and mask by top-k, top-p, min-p.
+
+    Returns ``(probs_sorted, order)``: renormalised probabilities in sorted order and the
+    token id at each sorted position.
+    """
+    n, vocab = scaled.shape
+    device = scaled.device
+    values, order = torch.sort(scaled, dim=-1, descending=True)
+    pos = torch.arange(vocab, device=device).expand(n, vocab)
+
+    top_k = torch.tensor([s.sampling.top_k if s.sampling.top_k > 0 else vocab for s in seqs],
+                         device=device)
+    keep = pos < top_k.unsqueeze(1)
+
+    probs = torch.softmax(values.masked_fill(~keep, float("-inf")), dim=-1)
+    top_p = torch.tensor([s.sampling.top_p for s in seqs], dtype=probs.dtype, device=device)
+    # Mass strictly before each position; a token is kept while that mass is below top_p,
+    # so the first token always survives.
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    keep &= mass_before < top_p.unsqueeze(1)
+
+    min_p = torch.tensor([s.sampling.min_p for s in seqs], dtype=probs.dtype, device=device)
+    keep &= probs >= (min_p * probs[:, 0]).unsqueeze(1)
+    keep[:, 0] = True
+
+    probs = torch.softmax(values.masked_fill(~keep, float("-inf")), dim=-1)
+    return probs, order
+
+
+def _plan(logits: torch.Tensor, seqs: list[Sequence]):
+    """Shared front half of `sample` and `processed_probs`."""
+    if logits.dim() != 2 or logits.shape[0] != len(seqs):
+        raise ValueError(f"logits must be [B, V] with B == len(seqs); got {tuple(logits.shape)} "
+                         f"for {len(seqs)} sequences")
+    logits = logits.float()
+    if any(s.sampling.repetition_penalty != 1.0 or s.sampling.frequency_penalty != 0.0
+           or s.sampling.presence_penalty != 0.0 for s in seqs):
+        work = apply_penalties(logits, seqs)
+    else:
+        work = logits
+    greedy = [i for i, s in enumerate(seqs) if s.sampling.greedy]
+    plain = [i for i, s in enumerate(seqs) if not s.sampling.greedy and not _needs_truncation(s)]
+    trunc = [i for i, s in enumerate(seqs) if not s.sampling.greedy and _needs_truncation(s)]
+    return logits, work, greedy, plain, trunc
+
+
+def _scaled(work: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> torch.Tensor:
+    temps = torch.tensor([max(seqs[i].sampling.temperature, _MIN_TEMPERATURE) for i in rows],
+                         dtype=work.dtype, device=work.device)
+    return work[rows] / temps.unsqueeze(1)
+
+
+def processed_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """The ``[B, V]`` distribution each row is sampled from (one-hot for greedy rows)."""
+    _, work, greedy, plain, trunc = _plan(logits, seqs)
+    out = torch.zeros_like(work)
+    if greedy:
+        out[greedy, work[greedy].argmax(dim=-1)] = 1.0
+    if plain:
+        out[plain] = torch.softmax(_scaled(work, plain, seqs), dim=-1)
+    if trunc:
+        probs, order = _truncated_sorted_probs(_scaled(work, trunc, seqs), [seqs[i] for i in trunc])
+        out[trunc] = torch.zeros_like(probs).scatter_(1, order, probs)
+    return out
+
+
+def _draw(probs: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> list[int]:
+    """Draw one position per row of ``probs``; seeded rows draw alone from their generator."""
+    result = [0] * len(rows)
+    unseeded = [j for j, i in enumerate(rows) if seqs[i].sampling.seed is None]
+    if unseeded:
+        picks = torch.multinomial(probs[unseeded], 1, generator=_global_generator(probs.device))
+        for j, p in zip(unseeded, picks[:, 0].tolist()):
+            result[j] = p
+    for j, i in enumerate(rows):
+        if seqs[i].sampling.seed is not None:
+            gen = get_generator(seqs[i], probs.device)
+            result[j] = int(torch.multinomial(probs[j], 1, generator=gen).item())
+    return result
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
+    """Sample one token per row of ``logits`` ``[B, V]`` under each sequence's params.
+
+    Returns ``(token_id, logprob, top_logprobs)`` per row: ``logprob`` is the chosen token's
+    log-probability under the raw model distribution when ``sampling.logprobs`` is set,
+    ``top_logprobs`` the ``sampling.top_logprobs`` most likely ``(token, logprob)`` pairs
+    when that is > 0; otherwise ``None``.
+    """
+    if not seqs:
+        return []
+    raw, work, greedy, plain, trunc = _plan(logits, seqs)
+    tokens = [0] * len(seqs)
+
+    if greedy:
+        for i, t in zip(greedy, work[greedy].argmax(dim=-1).tolist()):
+            tokens[i] = t
+    if plain:
+        probs = torch.softmax(_scaled(work, plain, seqs), dim=-1)
+        for i, t in zip(plain, _draw(probs, plain, seqs)):
+            tokens[i] = t
+    if trunc:
+        probs, order = _truncated_sorted_probs(_scaled(work, trunc, seqs), [seqs[i] for i in trunc])
+        positions = _draw(probs, trunc, seqs)
+        for j, (i, p) in enumerate(zip(trunc, positions)):
+            tokens[i] = int(order[j, p].item())
+
+    want_lp = [i for i, s in enumerate(seqs) if s.sampling.logprobs or s.sampling.top_logprobs > 0]
+    logprobs: list[float | None] = [None] * len(seqs)
+    tops: list[list[tuple[int, float]] | None] = [None] * len(seqs)
+    if want_lp:
+        lp = torch.log_softmax(raw[want_lp], dim=-1)
+        chosen = lp.gather(1, torch.tensor([[tokens[i]] for i in want_lp], device=lp.device))
+        k_max = max(seqs[i].sampling.top_logprobs for i in want_lp)
+        if k_max > 0:
+            top_v, top_i = lp.topk(min(k_max, lp.shape[-1]), dim=-1)
+            top_v, top_i = top_v.tolist(), top_i.tolist()
+        for j, i in enumerate(want_lp):
+            sp = seqs[i].sampling
+            if sp.logprobs:
+                logprobs[i] = float(chosen[j, 0].item())
+            if sp.top_logprobs > 0:
+                k = sp.top_logprobs
+                tops[i] = [(int(t), float(v)) for t, v in zip(top_i[j][:k], top_v[j][:k])]
+    return [(tokens[i], logprobs[i], tops[i]) for i in range(len(seqs))]

@@ -1,0 +1,192 @@
+"""The flight recorder: every message and every transition, allowed or not, as one event.
+
+Event schema (docs/recording.md has the long form)::
+
+    seq    int        1, 2, 3 ... in the order things happened on the event loop
+    t_ns   int        monotonic nanoseconds from the runtime's clock
+    rid    str|None   request (or control / session) id the event belongs to
+    kind   str        "message", "step", or a lifecycle name: generation, pooling, control,
+                      server, session
+    event  str        message type, "step", "create", or the lifecycle event fired
+    src    str|None   state before (transitions); None for messages
+    dst    str|None   state after (None when the transition was refused); the receiving
+                      actor for messages
+    ok     bool       False for a refused transition
+    error  str|None   why it was refused
+    cause  int|None   seq of the message whose handler caused this event
+    defn   str|None   hash of the lifecycle definition that ran (transitions only)
+    data   dict|None  extra: step members [[rid, n_tokens], ...], request kind, probe flag ...
+
+Events live in a bounded ring buffer (a `deque(maxlen=...)` of tuples: cheap on the hot
+path) and, when a path is given, are appended to a JSONL file. The file opens with one
+`{"header": ...}` line that holds the lifecycle definitions the run used, so replay can
+tell a history recorded under other definitions. Files rotate at `max_bytes` (`PATH`,
+`PATH.1`, ...), each new file starting with its own header.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from dataclasses import dataclass
+from typing import IO, Any, Iterable
+
+from ..actors.clock import Clock, LoopClock
+
+FIELDS = ("seq", "t_ns", "rid", "kind", "event", "src", "dst", "ok", "error", "cause", "defn", "data")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    seq: int
+    t_ns: int
+    rid: str | None
+    kind: str
+    event: str
+    src: str | None
+    dst: str | None
+    ok: bool
+    error: str | None
+    cause: int | None
+    defn: str | None
+    data: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in FIELDS}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Event":
+        return cls(**{f: d.get(f) for f in FIELDS})
+
+
+class FlightRecorder:
+    """Implements the lifecycle `TransitionObserver` and the actor system's message hook."""
+
+    def __init__(self, *, capacity: int = 100_000, path: str | os.PathLike[str] | None = None,
+                 clock: Clock | None = None, lifecycles: Iterable[Any] = (),
+                 max_bytes: int = 256 << 20, backups: int = 3, record_messages: bool = True,
+                 flush_every: int = 512) -> None:
+        self.clock: Clock = clock or LoopClock()
+        self.ring: deque[tuple] = deque(maxlen=capacity)
+        self.seq = 0
+        self.cause: int | None = None
+        self.record_messages = record_messages
+        self.path = os.fspath(path) if path is not None else None
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self._lifecycles = {lc.name: lc for lc in lifecycles}
+        self._pending: list[tuple] = []
+        self._flush_every = flush_every
+        self._file: IO[str] | None = None
+        self._written = 0
+        if self.path is not None:
+            self._open()
+
+    # -- recording (hot path) ---------------------------------------------------------------------
+    def _add(self, rid: str | None, kind: str, event: str, src: str | None, dst: str | None,
+             ok: bool, error: str | None, cause: int | None, defn: str | None,
+             data: dict[str, Any] | None) -> int:
+        self.seq += 1
+        ev = (self.seq, self.clock.now_ns(), rid, kind, event, src, dst, ok, error, cause, defn, data)
+        self.ring.append(ev)
+        if self._file is not None:
+            self._pending.append(ev)
+            if len(self._pending) >= self._flush_every:
+                self.flush()
+        return self.seq
+
+    def message(self, actor: str, message: Any) -> None:
+        """A message is being handled by `actor`; what its handler does is caused by it."""
+        if self.record_messages:
+            self.cause = self._add(getattr(message, "rid", None), "message", type(message).__name__,
+                                   None, actor, True, None, None, None, None)
+
+    def transition(self, lc: Any, model: Any, event: str, src: Any, dst: Any,
+                   error: str | None, cause: str | None = None) -> None:
+        self._add(getattr(model, "rid", None), lc.name, event, src.name,
+                  dst.name if dst is not None else None, error is None, error, self.cause,
+                  lc.definition_hash, None)
+
+    def created(self, lc: Any, model: Any, data: dict[str, Any] | None = None) -> None:
+        """A lifecycle instance came to be, in its initial state."""
+        self._add(getattr(model, "rid", None), lc.name, "create", None, model.state.name, True,
+                  None, self.cause, lc.definition_hash, data)
+
+    def note(self, kind: str, event: str, *, rid: str | None = None,
+             data: dict[str, Any] | None = None) -> int:
+        """Anything else worth replaying (scheduler steps, client disconnects, arrivals)."""
+        return self._add(rid, kind, event, None, None, True, None, self.cause, None, data)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def events(self, *, rid: str | None = None, kind: str | None = None) -> list[Event]:
+        out = []
+        for t in self.ring:
+            if (rid is None or t[2] == rid) and (kind is None or t[3] == kind):
+                out.append(Event(*t))
+        return out
+
+    def __len__(self) -> int:
+        return len(self.ring)
+
+    # -- file sink --------------------------------------------------------------------------------
+    def header(self) -> dict[str, Any]:
+        return {"header": {"format": "actorserve-recording/1",
+                           "lifecycles": {n: lc.describe() for n, lc in self._lifecycles.items()}}}
+
+    def _open(self) -> None:
+        assert self.path is not None
+        d = os.path.dirname(self.path)
+        if d:
+            os.makedirs(d, exist_ok=True)
+        self._file = open(self.path, "w", encoding="utf-8")
+        line = json.dumps(self.header(), separators=(",", ":")) + "\n"
+        self._file.write(line)
+        self._written = len(line)
+
+    def _rotate(self) -> None:
+        assert self._file is not None and self.path is not None
+        self._file.close()
+        for i in range(self.backups - 1, 0, -1):
+            if os.path.exists(f"{self.path}.{i}"):
+                os.replace(f"{self.path}.{i}", f"{self.path}.{i + 1}")
+        if self.backups > 0:
+            os.replace(self.path, f"{self.path}.1")
+        self._open()
+
+    def flush(self) -> None:
+        if self._file is None or not self._pending:
+            return
+        parts = []
+        for ev in self._pending:
+            parts.append(json.dumps(dict(zip(FIELDS, ev)), separators=(",", ":")))
+        self._pending.clear()
+        chunk = "\n".join(parts) + "\n"
+        self._file.write(chunk)
+        self._file.flush()
+        self._written += len(chunk)
+        if self._written >= self.max_bytes:
+            self._rotate()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self.flush()
+            self._file.close()
+            self._file = None
+
+
+def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Event]]:
+    """Read a JSONL recording: its header and its events, in order."""
+    header: dict[str, Any] = {}
+    events: list[Event] = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            obj = json.loads(line)
+            if "header" in obj:
+                header = obj["header"]
+            else:
+                events.append(Event.from_dict(obj))
+    return header, events
