@@ -31,6 +31,7 @@ bench: setup
 
 diagrams: setup
 	$(VENV)/bin/actorserve diagram all --format markdown --out docs/lifecycles.md
+	$(VENV)/bin/actorserve diagram all --format svg --out docs/diagrams
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -181,10 +181,17 @@ def test_engine_info_and_factory(tiny):
     assert eng.info.eos_token_ids == (2,)
     assert eng.info.max_model_len == 128                       # capped by the KV capacity
     assert eng.info.vocab_size == 32000
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=64)).eval()
-    fallback = build_engine(gpt2, num_blocks=8, block_size=16)
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=64,
+                                      bos_token_id=0, eos_token_id=0)).eval()
+    assert not supports_paged(gpt2)
+    rec = RecordingGreedy()
+    fallback = build_engine(gpt2, num_blocks=8, block_size=16, sampler=rec)
     assert isinstance(fallback, HFFallbackRunner)
-    assert fallback.info.max_model_len == 64
+    assert fallback.info.max_model_len == 64 and fallback.info.eos_token_ids == (0,)
+    d = Driver(fallback, BlockManager(8, 16))
+    d.run([d.new("g", [3, 4, 5])], 1)
+    torch.testing.assert_close(rec.logits["g"][0], hf_last_logits(gpt2, [3, 4, 5]))
 
 
 # -- model registry --------------------------------------------------------------------------------
@@ -212,9 +219,8 @@ def test_conversion_is_atomic(tmp_path, monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             models.convert_gguf(gguf, "tiny-llama")
     assert list(tmp_path.iterdir()) == []                     # no half cache left behind
-    folder = models.convert_gguf(gguf, "tiny-llama")
-    assert folder.parent == tmp_path and models.is_converted(folder)
-    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+    assert not models.is_converted(models.cache_dir_for(gguf, "tiny-llama"))
+    assert models.cache_dir_for(gguf, "tiny-llama").parent == tmp_path
 
 
 def test_models_cli_lists_embedded(capsys):

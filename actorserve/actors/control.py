@@ -125,23 +125,33 @@ class ControlActor(Actor):
 
     @handles(ControlDone)
     def _done(self, msg: ControlDone) -> None:
-        rec, res = msg.result if msg.error is None else (None, None)
-        if msg.error is not None:
-            rec = next((r for r in self.history if r.rid == msg.rid), None)
-            res = ControlResult(False, f"scheduler error: {msg.error}")
-        if isinstance(res, int):  # abort answers with the number of requests it matched
-            res = ControlResult(True, f"aborted {res} request(s)", {"aborted": res})
-        if res.ok and rec is not None:
-            if rec.op == "pause_generation":
-                self._server_fire("pause")
-                self.server.pause_mode = res.detail.get("mode")
-            elif rec.op == "continue_generation" and self.server.state is ServerState.paused:
-                self._server_fire("resume")
-                self.server.pause_mode = None
-        if rec is not None:
-            self._end(rec, res)
-        if not msg.reply.done():
-            msg.reply.set_result(res)
+        """Replies arrive in the order the scheduler applied them (a pause that waits for the
+        step boundary is the only late one, and nothing else may change the pause meanwhile)."""
+        try:
+            if msg.error is None:
+                rec, res = msg.result
+            else:
+                rec = next((r for r in self.history if r.rid == msg.rid), None)
+                res = ControlResult(False, f"scheduler error: {msg.error}")
+            if isinstance(res, int):  # abort answers with the number of requests it matched
+                res = ControlResult(True, f"aborted {res} request(s)", {"aborted": res})
+            if res.ok and rec is not None:
+                self._mirror(rec.op, res)
+            if rec is not None:
+                self._end(rec, res)
+        finally:
+            if not msg.reply.done():
+                msg.reply.set_result(res if "res" in locals() else ControlResult(False, "internal error"))
+
+    def _mirror(self, op: str, res: ControlResult) -> None:
+        """Keep the server lifecycle in step with what the scheduler applied."""
+        state = self.server.state
+        if op == "pause_generation" and state is ServerState.serving:
+            self._server_fire("pause")
+            self.server.pause_mode = res.detail.get("mode")
+        elif op == "continue_generation" and state is ServerState.paused:
+            self._server_fire("resume")
+            self.server.pause_mode = None
 
     # -- server lifecycle ----------------------------------------------------------------------
     @handles(ServerEvent)

@@ -174,6 +174,12 @@ class SchedulerActor(Actor):
 
     @handles(Continue)
     def _continue(self, msg: Continue) -> ControlResult:
+        if self._pending_pause is not None:  # not applied yet: cancel it, nothing to resume
+            _, fut = self._pending_pause
+            self._pending_pause = None
+            if not fut.done():
+                fut.set_result(ControlResult(False, "pause cancelled by continue_generation"))
+            return ControlResult(True, "continued (a pending pause was cancelled)", {"was": None})
         mode, self.paused_mode = self.paused_mode, None
         if mode == "in_place":
             for seq in self.running:

@@ -11,7 +11,9 @@ named ``<name>-<key>``; the key is a sha256 prefix over the file's size and its 
 MiB, so a different file under the same name never reuses a stale folder, and reinstalling
 the same package (new mtime, same bytes) does. Conversion writes into a temporary sibling
 folder and renames it into place at the end: an interrupted conversion leaves no half cache,
-and two concurrent converters simply race to the rename (the loser discards its copy).
+and two concurrent converters simply race to the rename (the loser discards its copy). A
+converter killed outright leaves a hidden ``.<folder>.tmp-<pid>-*`` that the next conversion
+of the same file removes once that pid is gone.
 
 Nothing here downloads: ``HF_HUB_OFFLINE=1`` is set before transformers loads, and every
 ``from_pretrained`` call passes ``local_files_only=True``.
@@ -120,6 +122,18 @@ def _say(msg: str) -> None:
 
 
 # -- conversion -------------------------------------------------------------------------------
+def _sweep_stale(dest: Path) -> None:
+    """Remove temporary folders that killed converters (SIGKILL skips cleanup) left behind."""
+    for tmp in dest.parent.glob(f".{dest.name}.tmp-*"):
+        try:
+            pid = int(tmp.name.rsplit(".tmp-", 1)[1].split("-")[0])
+            os.kill(pid, 0)                      # still running: leave it alone
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
+
+
 def convert_gguf(gguf: Path, name: str | None = None, *, force: bool = False) -> Path:
     """Convert `gguf` into a plain fp32 HF folder in the cache (once); return the folder."""
     gguf = Path(gguf).resolve()
@@ -133,6 +147,7 @@ def convert_gguf(gguf: Path, name: str | None = None, *, force: bool = False) ->
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dest.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_stale(dest)
     t0 = time.monotonic()
     _say(f"converting {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB) -> {dest}")
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"

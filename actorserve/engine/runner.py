@@ -39,7 +39,9 @@ from .sequence import Sequence
 Sampler = Callable[[torch.Tensor, list[Sequence]], list[tuple[int, float, list[tuple[int, float]] | None]]]
 
 PAGED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-_STATIC_ROPE = ("default", "linear", "llama3", "yarn")   # inv_freq does not depend on the positions
+# RoPE variants whose frequencies are fixed at init, so one cos/sin table serves every step
+# ("dynamic"/"longrope" rescale with the sequence length: those models use the fallback).
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
 def _default_sampler() -> Sampler:
@@ -88,6 +90,8 @@ def supports_paged(model: Any) -> bool:
     base = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     if base is None or not all(hasattr(base, a) for a in needed) or not hasattr(model, "lm_head"):
+        return False
+    if getattr(base.rotary_emb, "rope_type", "default") not in _STATIC_ROPE:
         return False
     layer = base.layers[0]
     attn = getattr(layer, "self_attn", None)
@@ -154,8 +158,6 @@ class PagedLlamaRunner:
         self.info = engine_info(model, num_blocks=num_blocks, block_size=block_size, tokenizer=tokenizer,
                                 model_name=model_name, max_model_len=max_model_len)
         self._sampler = sampler
-        rope = getattr(self.base.rotary_emb, "rope_type", "default")
-        self._static_rope = rope in _STATIC_ROPE
         self._rope_cos = self._rope_sin = torch.empty(0)
         act = getattr(cfg, "hidden_act", None)
         self._silu_mlp = act == "silu" and all(hasattr(self.layers[0].mlp, a)
@@ -172,13 +174,11 @@ class PagedLlamaRunner:
 
     # -- pieces of a step ------------------------------------------------------------------------
     def _rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin rows for `positions`, ``[T, 1, d]``, from the model's own rotary module."""
-        if not self._static_rope:
-            cos, sin = self.base.rotary_emb(like, positions[None])
-            return cos[0, :, None, :], sin[0, :, None, :]
+        """cos/sin rows for `positions`, ``[T, 1, d]``: a table built by the model's own
+        rotary module (so scaling variants and ``attention_scaling`` match HF), grown on demand."""
         need = int(positions.max()) + 1
         if self._rope_cos.shape[0] < need:
-            cap = max(need, 2 * self._rope_cos.shape[0], 256)
+            cap = max(need, min(max(2 * self._rope_cos.shape[0], 256), self.info.max_model_len))
             cos, sin = self.base.rotary_emb(like, torch.arange(cap)[None])
             self._rope_cos, self._rope_sin = cos[0].contiguous(), sin[0].contiguous()
         return self._rope_cos[positions][:, None, :], self._rope_sin[positions][:, None, :]
@@ -206,8 +206,8 @@ class PagedLlamaRunner:
             k = k * cos + _rotate_half(k) * sin
             self.kv.write(li, plan.slots, k, v)
             paged_attention(q, self.kv, li, plan, attn_out, self.scale)
-            h = h + a.o_proj(attn_out)
-            h = h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
+            h.add_(a.o_proj(attn_out))                       # h is this step's own tensor
+            h.add_(self._mlp(layer.mlp, layer.post_attention_layernorm(h)))
         return h
 
     @torch.inference_mode()
@@ -266,7 +266,11 @@ class HFFallbackRunner:
         rows, logits = [], []
         for seq in seqs:
             ids = torch.tensor([seq.token_ids()], dtype=torch.long)
-            out = self.model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden, logits_to_keep=1)
+            try:
+                out = self.model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden,
+                                 logits_to_keep=1)
+            except TypeError:   # an architecture whose forward has no logits_to_keep
+                out = self.model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden)
             logits.append(out.logits[0, -1])
             rows.append(out.hidden_states[-1][0, -1] if want_hidden else out.logits[0, -1])
         all_logits = torch.stack(logits)

@@ -184,6 +184,12 @@ def processed_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
 def _draw(probs: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> list[int]:
     """Draw one position per row of ``probs``; seeded rows draw alone from their generator."""
     result = [0] * len(rows)
+    # Garbage in (NaN / all -inf logits) must not crash the whole step: such a row gets a
+    # uniform distribution instead of a multinomial error.
+    probs = torch.nan_to_num(probs, nan=0.0, posinf=0.0, neginf=0.0)
+    dead = ~(probs.sum(dim=-1) > 0)
+    if bool(dead.any()):
+        probs[dead] = 1.0
     unseeded = [j for j, i in enumerate(rows) if seqs[i].sampling.seed is None]
     if unseeded:
         picks = torch.multinomial(probs[unseeded], 1, generator=_global_generator(probs.device))

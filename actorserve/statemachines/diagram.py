@@ -22,17 +22,23 @@ show their visit count, the current state gets a bold border, traversed edges ar
 with their count, and the failed edge is red; a failed edge with ``dest=None`` (an event
 that was refused) is drawn as a red dashed stub labelled with the event.
 
-The SVG layout itself lives in `statemachines.svg` (pure Python, no Graphviz needed).
+The SVG layout is computed in `statemachines.svg` (pure Python, no Graphviz needed);
+`to_svg` writes it down as markup.
 """
 
 from __future__ import annotations
 
 import enum
+import html
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .core import Lifecycle
+from .svg import (
+    COLORS, FONT, LABEL_COLORS, LABEL_PX, LINE, LOOP_H, MARGIN, NODE_PX, STUB_H, Layout,
+    lines_width,
+)
 
 __all__ = ["Highlight", "normalize_highlight", "to_mermaid", "to_dot", "to_svg", "to_markdown"]
 
@@ -232,7 +238,8 @@ def to_dot(lc: Lifecycle, highlight: Any = None) -> str:
         src, event, dest = extra
         if dest is None:
             dest = "__rejected"
-            out.append(f"    {_q(dest)} [shape=plaintext, label={_q('✗')}, fontcolor={_q(FAILED)}];")
+            out.append(f"    {_q(dest)} [shape=plaintext, label={_q('✗')}, "
+                       f"fontcolor={_q(FAILED)}];")
         out.append(f"    {_q(src)} -> {_q(dest)} [label={_q(event + ' (rejected)')}, "
                    f"color={_q(FAILED)}, fontcolor={_q(FAILED)}, style=dashed];")
     out.append("}")
@@ -241,11 +248,110 @@ def to_dot(lc: Lifecycle, highlight: Any = None) -> str:
 
 # -- SVG ---------------------------------------------------------------------------------
 
+_esc = html.escape    # quote=True: safe in text and in attribute values
+
+
+def _label_svg(lines: list[str], cx: float, base: float, color: str) -> list[str]:
+    """Label lines stacked upwards so the last baseline is at `base`, on a white backdrop."""
+    w = lines_width(lines) + 4
+    top = base - LINE * len(lines) + 2
+    out = [f'<rect class="label-bg" x="{cx - w / 2:.1f}" y="{top:.1f}" width="{w:.1f}" '
+           f'height="{LINE * len(lines) + 1:.1f}" fill="#ffffff" fill-opacity="0.85"/>']
+    for i, t in enumerate(lines):
+        y = base - LINE * (len(lines) - 1 - i)
+        out.append(f'<text x="{cx:.1f}" y="{y:.1f}" text-anchor="middle" '
+                   f'font-size="{LABEL_PX}" fill="{color}">{_esc(t)}</text>')
+    return out
+
+
 def to_svg(lc: Lifecycle, highlight: Any = None) -> str:
     """A self-contained SVG of `lc`, laid out in pure Python (see `statemachines.svg`)."""
-    from .svg import render_svg
+    hl = normalize_highlight(lc, highlight)
+    L = Layout(lc, hl)
+    pid = "".join(c if c.isalnum() else "-" for c in lc.name)
+    W, H = L.width_px, L.height
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W:.0f}" height="{H:.0f}" '
+        f'viewBox="0 0 {W:.0f} {H:.0f}" font-family="{_esc(FONT)}" role="img" '
+        f'aria-label="{_esc(lc.name)} lifecycle">',
+        f"<title>{_esc(lc.name)} lifecycle</title>",
+        "<defs>",
+    ]
+    for style, color in COLORS.items():
+        out.append(f'<marker id="{pid}-arrow{"-" + style if style else ""}" viewBox="0 0 10 10" '
+                   'refX="10" refY="5" markerWidth="9" markerHeight="9" '
+                   f'markerUnits="userSpaceOnUse" orient="auto">'
+                   f'<path d="M0,0 L10,5 L0,10 z" fill="{color}"/></marker>')
+    out += ["</defs>", f'<rect width="{W:.0f}" height="{H:.0f}" fill="#ffffff"/>',
+            f'<text x="{MARGIN}" y="{MARGIN + 8}" font-size="15" font-weight="bold" '
+            f'fill="#0f172a">{_esc(lc.name)}</text>']
 
-    return render_svg(lc, normalize_highlight(lc, highlight))
+    def stroke(style: str) -> str:
+        dash = ' stroke-dasharray="6 4"' if style == "fail" else ""
+        width = 1.2 if not style else 2
+        marker = f"{pid}-arrow" + (f"-{style}" if style else "")
+        return (f'fill="none" stroke="{COLORS[style]}" stroke-width="{width}"{dash} '
+                f'marker-end="url(#{marker})"')
+
+    edges_svg, labels_svg = ['<g class="edges">'], ['<g class="labels">']
+    for e in L.edges:
+        d, label = L.path(e)
+        attrs = f'data-source="{_esc(e.src)}" data-dest="{_esc(e.dst)}"'
+        edges_svg.append(f'<g class="edge" {attrs}><path d="{d}" {stroke(e.style)}/></g>')
+        if label is not None:
+            cx, y, _ = label
+            labels_svg += _label_svg(e.lines, cx, y - 4, LABEL_COLORS[e.style])
+    for name, e in L.loops.items():
+        x, y, w, h = L.box(name)
+        cx = x + w / 2
+        d = (f"M{cx - 9:.1f},{y:.1f} C{cx - 26:.1f},{y - LOOP_H:.1f} "
+             f"{cx + 26:.1f},{y - LOOP_H:.1f} {cx + 9:.1f},{y:.1f}")
+        edges_svg.append(f'<g class="edge self-loop" data-source="{_esc(name)}" '
+                         f'data-dest="{_esc(name)}"><path d="{d}" {stroke(e.style)}/></g>')
+        labels_svg += _label_svg(e.lines, cx, y - LOOP_H + 2, LABEL_COLORS[e.style])
+    if L.stub is not None:
+        x, y, w, h = L.box(L.stub[0])
+        cx, y0 = x + w / 2, y + h
+        edges_svg.append(f'<g class="edge failed-edge" data-source="{_esc(L.stub[0])}" '
+                         f'data-event="{_esc(L.stub[1])}"><path d="M{cx:.1f},{y0:.1f} '
+                         f'L{cx:.1f},{y0 + STUB_H:.1f}" {stroke("fail")}/></g>')
+        labels_svg += _label_svg([L.stub[1] + " ✗"], cx, y0 + STUB_H + LINE, COLORS["fail"])
+    out += edges_svg + ["</g>"] + labels_svg + ["</g>", '<g class="nodes">']
+
+    for s in lc.states:
+        x, y, w, h = L.box(s.name)
+        visited = hl is not None and (s.name in hl.visited or s.name == hl.current)
+        current = hl is not None and s.name == hl.current
+        fill = VISITED_FILL if visited else "#f8fafc"
+        stroke_c, sw = (CURRENT_STROKE, 3) if current else ("#334155", 1.4)
+        out.append(f'<g class="node{" current" if current else ""}" '
+                   f'id="{pid}-state-{_esc(s.name)}" data-state="{_esc(s.name)}">')
+        out.append(f'<rect class="node-box" x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" '
+                   f'height="{h:.1f}" rx="8" fill="{fill}" stroke="{stroke_c}" '
+                   f'stroke-width="{sw}"/>')
+        if s in lc.terminal:
+            out.append(f'<rect class="node-inner" x="{x + 4:.1f}" y="{y + 4:.1f}" '
+                       f'width="{w - 8:.1f}" height="{h - 8:.1f}" rx="5" fill="none" '
+                       f'stroke="{stroke_c}" stroke-width="1"/>')
+        count = hl.visited.get(s.name) if hl is not None else None
+        ty = y + h / 2 + (0 if count else 4.5)
+        bold = ' font-weight="bold"' if current else ""
+        out.append(f'<text class="node-label" x="{x + w / 2:.1f}" y="{ty:.1f}" '
+                   f'text-anchor="middle" font-size="{NODE_PX}" fill="#0f172a"{bold}>'
+                   f'{_esc(s.name)}</text>')
+        if count:
+            out.append(f'<text class="node-count" x="{x + w / 2:.1f}" y="{ty + 13:.1f}" '
+                       f'text-anchor="middle" font-size="{LABEL_PX}" fill="#1d4ed8">'
+                       f'×{count}</text>')
+        if s == lc.initial:
+            cy = y + h / 2
+            out.append(f'<circle class="initial" cx="{x - 24:.1f}" cy="{cy:.1f}" r="6" '
+                       f'fill="#0f172a"/>')
+            out.append(f'<path d="M{x - 18:.1f},{cy:.1f} L{x:.1f},{cy:.1f}" fill="none" '
+                       f'stroke="#0f172a" stroke-width="1.4" marker-end="url(#{pid}-arrow)"/>')
+        out.append("</g>")
+    out += ["</g>", "</svg>"]
+    return "\n".join(out) + "\n"
 
 
 # -- Markdown ----------------------------------------------------------------------------
