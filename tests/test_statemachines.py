@@ -38,6 +38,7 @@ EXPECTED = {
         ("queued", "schedule"): "forward",
         ("forward", "forward_chunk"): "forward",
         ("forward", "forward_done"): "pool",
+        ("forward", "retract"): "queued",
         ("pool", "deliver"): "done",
         **{(s, "abort"): "aborted" for s in ("queued", "forward", "pool")},
         **{(s, "fail"): "failed" for s in ("queued", "forward", "pool")},

@@ -77,18 +77,19 @@ def handles(*types: type) -> Callable[[Callable], Callable]:
 class Actor:
     """Base class. Subclasses define handlers with `@handles` and may override the hooks."""
 
-    _handler_names: ClassVar[dict[type, str]] = {}
+    __slots__ = ("name", "mailbox", "phase", "system", "supervisor", "_turn_pending", "__weakref__")
+    _handlers: ClassVar[dict[type, Callable[[Any, Any], Any]]] = {}
     throughput: ClassVar[int] = 64
     mailbox_capacity: ClassVar[int] = 1024
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
-        table: dict[type, str] = {}
+        table: dict[type, Callable[[Any, Any], Any]] = {}
         for klass in reversed(cls.__mro__):
-            for attr, fn in vars(klass).items():
-                for t in getattr(fn, "__handles__", ()):
-                    table[t] = attr
-        cls._handler_names = table
+            for attr in vars(klass):
+                for t in getattr(getattr(cls, attr, None), "__handles__", ()):
+                    table[t] = getattr(cls, attr)   # the most derived override wins
+        cls._handlers = table
 
     def __init__(self, name: str, *, capacity: int | None = None) -> None:
         self.name = name
@@ -97,10 +98,6 @@ class Actor:
         self.system: ActorSystem | None = None
         self.supervisor: Actor | None = None
         self._turn_pending = False
-        # Bound handlers, resolved once per actor (a dict lookup per message after that).
-        self._dispatch: dict[type, Callable[[Any], Any]] = {
-            t: getattr(self, attr) for t, attr in self._handler_names.items()
-        }
 
     # -- hooks ---------------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -156,7 +153,7 @@ class Actor:
     def _turn(self) -> None:
         """Handle up to `throughput` messages. Called by the system, never re-entrantly."""
         box = self.mailbox
-        dispatch = self._dispatch
+        dispatch = self._handlers   # one table per class: unbound functions, called with self
         recorder = self.system.recorder if self.system is not None else None
         for _ in range(self.throughput):
             if not box._q or self.phase is not Phase.running:
@@ -173,7 +170,7 @@ class Actor:
                 self.on_failure(message, err)
                 continue
             try:
-                result = handler(message)
+                result = handler(self, message)
             except Exception as exc:  # supervision: fail this message only, go on
                 box.failed += 1
                 if reply is not None and not reply.done():

