@@ -161,12 +161,13 @@ class FlightRecorder:
         for ev in self._pending:
             parts.append(json.dumps(dict(zip(FIELDS, ev)), separators=(",", ":")))
         self._pending.clear()
+        if self._written >= self.max_bytes:  # rotate lazily: the live file never ends empty
+            self._rotate()
         chunk = "\n".join(parts) + "\n"
+        assert self._file is not None
         self._file.write(chunk)
         self._file.flush()
         self._written += len(chunk)
-        if self._written >= self.max_bytes:
-            self._rotate()
 
     def close(self) -> None:
         if self._file is not None:

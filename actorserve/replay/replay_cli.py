@@ -1,0 +1,89 @@
+"""Check a recording: invariants, divergence from today's lifecycle definitions, timelines.
+
+    actorserve replay run.jsonl            # summary + violations; exit 1 if any
+    actorserve replay run.jsonl --rid X    # one request's timeline
+    actorserve replay run.jsonl --json     # the report as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..statemachines import LIFECYCLES
+from .check import check
+from .recorder import read_recording
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a JSONL recording written by `actorserve serve --record PATH`")
+    p.add_argument("--rid", help="print this request's timeline")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--allow-unfinished", action="store_true",
+                   help="do not flag requests still live when the recording ends")
+
+
+def _stale_definitions(header: dict) -> list[str]:
+    out = []
+    for name, d in (header.get("lifecycles") or {}).items():
+        lc = LIFECYCLES.get(name)
+        if lc is None:
+            out.append(f"{name}: no longer defined")
+        elif d.get("hash") != lc.definition_hash:
+            out.append(f"{name}: recorded under definition {d.get('hash')}, today's is {lc.definition_hash}")
+    return out
+
+
+def timeline(events: list, rid: str) -> list[str]:
+    mine = [e for e in events if e.rid == rid]
+    if not mine:
+        return []
+    t0 = mine[0].t_ns
+    lines = []
+    for e in mine:
+        ms = (e.t_ns - t0) / 1e6
+        if e.kind == "message":
+            lines.append(f"{e.seq:>8}  +{ms:10.3f} ms  message     {e.event} -> {e.dst}")
+        else:
+            arrow = f"{e.src or '∅'} -> {e.dst}" if e.ok else f"{e.src} -x {e.event} REFUSED: {e.error}"
+            lines.append(f"{e.seq:>8}  +{ms:10.3f} ms  {e.kind:<11} {e.event:<14} {arrow}"
+                         + (f"  (cause {e.cause})" if e.cause else ""))
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    header, events = read_recording(args.path)
+    if args.rid:
+        lines = timeline(events, args.rid)
+        if not lines:
+            print(f"no events for rid {args.rid!r}", file=sys.stderr)
+            return 2
+        print("\n".join(lines))
+        return 0
+    report = check(events, require_terminal=not args.allow_unfinished)
+    stale = _stale_definitions(header)
+    if args.json:
+        print(json.dumps({
+            "events": len(events),
+            "requests": dict(report.requests),
+            "terminal": {f"{k}.{s}": n for (k, s), n in sorted(report.terminal.items())},
+            "violations": [{"kind": v.kind, "rid": v.rid, "seq": v.seq, "detail": v.detail}
+                           for v in report.violations],
+            "stale_definitions": stale,
+        }))
+    else:
+        print(f"{len(events)} events")
+        for kind, n in sorted(report.requests.items()):
+            ends = ", ".join(f"{s}={c}" for (k, s), c in sorted(report.terminal.items()) if k == kind)
+            print(f"  {kind:<11} {n:>7} accepted   {ends}")
+        for line in stale:
+            print(f"  note: {line}")
+        if report.ok:
+            print("no violations")
+        else:
+            print(f"{len(report.violations)} violation(s):")
+            for v in report.violations[:200]:
+                where = f"seq {v.seq}" if v.seq >= 0 else "at end"
+                print(f"  [{v.kind}] {where} rid={v.rid}: {v.detail}")
+    return 0 if report.ok else 1

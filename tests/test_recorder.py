@@ -1,0 +1,123 @@
+"""Flight recorder: schema, JSONL file with header, rotation, and the replay checks."""
+
+from __future__ import annotations
+
+import json
+
+from actorserve.actors.clock import ManualClock
+from actorserve.cli import main as cli
+from actorserve.engine.params import SamplingParams
+from actorserve.messages import AbortRequest, PauseGeneration
+from actorserve.replay.check import check
+from actorserve.replay.recorder import FIELDS, FlightRecorder, read_recording
+from actorserve.statemachines import GENERATION, LIFECYCLES, IllegalTransition, Subject
+
+from runtime_helpers import make_runtime
+
+
+def test_rejected_transitions_are_recorded_with_error():
+    rec = FlightRecorder(clock=ManualClock())
+    s = Subject(GENERATION.initial, rid="r1")
+    try:
+        GENERATION.fire(s, "finish", observer=rec)
+    except IllegalTransition:
+        pass
+    (ev,) = rec.events()
+    assert (ev.rid, ev.kind, ev.event, ev.src, ev.dst, ev.ok) == ("r1", "generation", "finish", "queued", None, False)
+    assert "not allowed" in ev.error and ev.defn == GENERATION.definition_hash
+
+
+def test_ring_buffer_is_bounded():
+    rec = FlightRecorder(capacity=10)
+    for i in range(25):
+        rec.note("step", "step", data={"i": i})
+    assert len(rec) == 10 and rec.events()[0].seq == 16 and rec.seq == 25
+
+
+def test_jsonl_file_has_header_and_rotates(tmp_path):
+    path = tmp_path / "rec.jsonl"
+    rec = FlightRecorder(path=path, lifecycles=LIFECYCLES.values(), max_bytes=2000, backups=2,
+                         flush_every=5, clock=ManualClock())
+    for i in range(200):
+        rec.note("step", "step", rid=f"r{i}")
+    rec.close()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["rec.jsonl", "rec.jsonl.1", "rec.jsonl.2"]
+    for name in files:
+        first = json.loads((tmp_path / name).read_text().splitlines()[0])
+        assert first["header"]["lifecycles"]["generation"]["hash"] == GENERATION.definition_hash
+    header, events = read_recording(path)
+    assert events and set(events[0].to_dict()) == set(FIELDS)
+    assert events[-1].seq == 200
+
+
+async def test_recording_of_a_run_replays_clean_and_cli_reports(tmp_path, capsys):
+    path = tmp_path / "run.jsonl"
+    rt, engine, _, clock = await make_runtime()
+    rec = FlightRecorder(path=path, lifecycles=LIFECYCLES.values(), clock=clock)
+    rt.recorder = rt.system.recorder = rec
+    hs = [rt.generate([i, i + 1], SamplingParams(max_new_tokens=4)) for i in range(1, 6)]
+    await rt.control(PauseGeneration("retract"))
+    await rt.control(AbortRequest(rid=hs[0].rid))
+    from actorserve.messages import ContinueGeneration
+    await rt.control(ContinueGeneration())
+    for h in hs:
+        await h.stream.final()
+    await rt.quiesce()
+    await rt.shutdown()
+    assert cli(["replay", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "no violations" in out and "generation" in out and "aborted=1" in out
+    assert cli(["replay", str(path), "--rid", hs[1].rid]) == 0
+    tl = capsys.readouterr().out
+    assert "schedule" in tl and "deliver" in tl and "queued -> prefill" in tl
+
+
+def _write(path, events):
+    with open(path, "w") as f:
+        f.write(json.dumps({"header": {"lifecycles": {}}}) + "\n")
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+
+
+def _ev(seq, rid, event, src, dst, ok=True, error=None):
+    return {"seq": seq, "t_ns": seq * 1000, "rid": rid, "kind": "generation", "event": event,
+            "src": src, "dst": dst, "ok": ok, "error": error, "cause": None, "defn": None, "data": None}
+
+
+def test_checker_flags_missing_duplicate_and_illegal_with_seqs(tmp_path, capsys):
+    good = [("schedule", "queued", "prefill"), ("first_token", "prefill", "decode"),
+            ("finish", "decode", "detok"), ("deliver", "detok", "done")]
+    evs, seq = [], 0
+    for rid in ("a", "b", "c"):
+        seq += 1
+        evs.append(_ev(seq, rid, "create", None, "queued"))
+    for rid in ("a", "b", "c"):
+        for ev, src, dst in good:
+            if rid == "a" and ev == "deliver":
+                continue                           # a: its terminal event removed
+            seq += 1
+            evs.append(_ev(seq, rid, ev, src, dst))
+    seq += 1
+    dup = seq
+    evs.append(_ev(seq, "b", "deliver", "detok", "done"))      # b: terminal twice
+    seq += 1
+    illegal = seq
+    evs.append(_ev(seq, "c", "finish", "done", None, ok=False, error="not allowed"))
+    report = check([__import__("actorserve.replay.recorder", fromlist=["Event"]).Event.from_dict(e) for e in evs])
+    kinds = {(v.kind, v.rid, v.seq) for v in report.violations}
+    assert ("no-terminal", "a", -1) in kinds
+    assert ("two-terminals", "b", dup) in kinds
+    assert ("illegal", "c", illegal) in kinds
+    path = tmp_path / "bad.jsonl"
+    _write(path, evs)
+    assert cli(["replay", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"seq {dup}" in out and f"seq {illegal}" in out and "3 violation" in out
+
+
+def test_checker_reports_divergence_from_todays_definitions():
+    from actorserve.replay.recorder import Event
+    evs = [_ev(1, "x", "create", None, "queued"), _ev(2, "x", "schedule", "queued", "decode")]
+    report = check([Event.from_dict(e) for e in evs], require_terminal=False)
+    assert [(v.kind, v.seq) for v in report.violations] == [("divergence", 2)]
