@@ -1,0 +1,64 @@
+"""`build_app`: the aiohttp application over a started (or to-be-started) `Runtime`.
+
+One route table (OpenAI, native, control, metrics), two middlewares (errors outermost, then
+auth: with an API key every route but `/health` needs ``Authorization: Bearer KEY``), the body
+limit from ``config.max_body_bytes``, and typed app state under `CTX`. The runtime is started
+and shut down in a ``cleanup_ctx`` step, so the app owns its lifetime.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+
+from ..actors.runtime import Runtime
+from ..config import ServerConfig
+from ..engine.tokenizer import TextTokenizer
+from . import control_routes, native_routes, openai_routes
+from .errors import APIError, error_middleware, error_response
+from .metrics import Metrics, metrics_handler
+from .state import CTX, ServerContext
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+def auth_middleware(api_key: str | None) -> Any:
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
+    @web.middleware
+    async def check_key(request: web.Request, handler: Any) -> web.StreamResponse:
+        if expected is not None and request.path not in OPEN_PATHS:
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, expected):
+                return error_response(APIError(401, "invalid or missing API key "
+                                                    "(send Authorization: Bearer <key>)",
+                                               code="invalid_api_key"))
+        return await handler(request)
+
+    return check_key
+
+
+async def _runtime_lifetime(app: web.Application) -> AsyncIterator[None]:
+    rt = app[CTX].runtime
+    await rt.start()
+    yield
+    await rt.shutdown()
+
+
+def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, served_name: str,
+              *, own_runtime: bool = True) -> web.Application:
+    """The app; with ``own_runtime`` it starts the runtime on startup and shuts it down on cleanup."""
+    app = web.Application(client_max_size=config.max_body_bytes,
+                          middlewares=[error_middleware, auth_middleware(config.api_key)])
+    ctx = ServerContext(runtime=runtime, tokenizer=tokenizer, config=config, served_name=served_name,
+                        created=int(time.time()))
+    ctx.metrics = Metrics(runtime.stats, lambda: runtime.server_state)
+    app[CTX] = ctx
+    app.router.add_routes(openai_routes.ROUTES + native_routes.ROUTES + control_routes.ROUTES
+                          + [web.get("/metrics", metrics_handler)])
+    if own_runtime:
+        app.cleanup_ctx.append(_runtime_lifetime)
+    return app

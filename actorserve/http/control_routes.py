@@ -1,0 +1,88 @@
+"""Control routes: `/abort_request`, `/pause_generation`, `/continue_generation`, `/is_paused`,
+`/flush_cache`, and the debug diagrams `/debug/diagram/{kind}?format=mermaid|svg`.
+
+Each control body becomes a control message for the runtime's control actor; a rejected
+request (e.g. flush while busy) is a 400 with the actor's reason.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from ..messages import AbortRequest, ContinueGeneration, ControlResult, FlushCache, PauseGeneration
+from ..statemachines import LIFECYCLES
+from ..statemachines.diagram import to_mermaid, to_svg
+from .errors import APIError
+from .schemas import AbortBody, FlushBody, PauseBody, read_json
+from .state import CTX
+
+
+async def _optional_json(request: web.Request) -> Any:
+    if not request.can_read_body:
+        return {}
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    return json.loads(raw)
+
+
+def _answer(res: ControlResult) -> web.Response:
+    if not res.ok:
+        raise APIError(400, res.message or "rejected", code="rejected")
+    return web.json_response({"success": True, "message": res.message, **res.detail})
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    body = AbortBody.model_validate(await read_json(request))
+    res = await request.app[CTX].runtime.control(
+        AbortRequest(rid=body.rid, prefix=body.prefix, abort_all=body.abort_all))
+    return _answer(res)
+
+
+async def pause_generation(request: web.Request) -> web.Response:
+    body = PauseBody.model_validate(await _optional_json(request))
+    return _answer(await request.app[CTX].runtime.control(PauseGeneration(mode=body.mode)))
+
+
+async def continue_generation(request: web.Request) -> web.Response:
+    await _optional_json(request)
+    return _answer(await request.app[CTX].runtime.control(ContinueGeneration()))
+
+
+async def is_paused(request: web.Request) -> web.Response:
+    state = request.app[CTX].runtime.server_state
+    paused = state.startswith("paused")
+    mode = state[len("paused("):-1] if paused and "(" in state else None
+    return web.json_response({"is_paused": paused, "mode": mode, "server_state": state})
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    body = FlushBody.model_validate(await _optional_json(request))
+    timeout = None if body.timeout_s is None else float(body.timeout_s)
+    return _answer(await request.app[CTX].runtime.control(FlushCache(timeout_s=timeout)))
+
+
+async def diagram(request: web.Request) -> web.Response:
+    kind = request.match_info["kind"]
+    lc = LIFECYCLES.get(kind)
+    if lc is None:
+        raise APIError(404, f"unknown lifecycle {kind!r}; known: {', '.join(LIFECYCLES)}", code="not_found")
+    fmt = request.query.get("format", "mermaid")
+    if fmt == "mermaid":
+        return web.Response(text=to_mermaid(lc), content_type="text/plain")
+    if fmt == "svg":
+        return web.Response(text=to_svg(lc), content_type="image/svg+xml")
+    raise APIError(400, f"format must be mermaid or svg, got {fmt!r}", param="format")
+
+
+ROUTES = [
+    web.post("/abort_request", abort_request),
+    web.post("/pause_generation", pause_generation),
+    web.post("/continue_generation", continue_generation),
+    web.get("/is_paused", is_paused),
+    web.post("/flush_cache", flush_cache),
+    web.get("/debug/diagram/{kind}", diagram),
+]

@@ -1,0 +1,129 @@
+"""Errors in the OpenAI shape, and the middleware that maps every failure to one.
+
+Body: ``{"error": {"message", "type", "code", "param"}}``. Client mistakes are 4xx, never 500:
+
+* bad JSON, pydantic ``ValidationError``, ``ParamError``, ``ValueError`` (chat template,
+  tokenizer), ``DuplicateRequestId`` -> 400 ``invalid_request_error``
+* unknown model -> 404 ``model_not_found``; bad key -> 401; body too large -> 413;
+  server starting/draining/stopped -> 503
+* any other exception -> 500 with the same shape, logged with its traceback; if an SSE
+  stream had already started, the error goes out as a last ``data:`` event instead.
+
+Handlers raise `APIError` (or one of the exceptions above) and let the middleware answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from ..actors.runtime import DuplicateRequestId
+from ..engine.params import ParamError
+
+log = logging.getLogger("actorserve.http")
+# An SSE response already sent for this request (set by sse.open_sse).
+SSE_KEY: web.RequestKey[web.StreamResponse] = web.RequestKey("actorserve_sse", web.StreamResponse)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    """An error meant for the client, with its HTTP status."""
+
+    def __init__(self, status: int, message: str, *, type: str | None = None,
+                 code: str | int | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        self.code = code if code is not None else status
+        self.param = param
+
+
+def error_body(status: int, message: str, *, type: str | None = None, code: Any = None,
+               param: str | None = None) -> dict[str, Any]:
+    err = APIError(status, message, type=type, code=code, param=param)
+    return {"error": {"message": err.message, "type": err.type, "code": err.code, "param": err.param}}
+
+
+def error_response(err: APIError) -> web.Response:
+    body = {"error": {"message": err.message, "type": err.type, "code": err.code, "param": err.param}}
+    return web.json_response(body, status=err.status)
+
+
+def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
+    parts = []
+    param = None
+    for e in exc.errors(include_url=False)[:5]:
+        loc = ".".join(str(x) for x in e.get("loc", ()))
+        if param is None and loc:
+            param = loc
+        parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+    return "; ".join(parts) or "invalid request", param
+
+
+def to_api_error(exc: BaseException) -> APIError | None:
+    """Map a known client-side exception to an `APIError`; None when it is unexpected."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, json.JSONDecodeError):
+        return APIError(400, f"request body is not valid JSON: {exc}")
+    if isinstance(exc, ValidationError):
+        msg, param = _validation_message(exc)
+        return APIError(400, msg, param=param)
+    if isinstance(exc, (ParamError, DuplicateRequestId)):
+        return APIError(400, str(exc))
+    if isinstance(exc, ValueError):      # chat template / tokenizer shape errors
+        return APIError(400, str(exc))
+    if isinstance(exc, UnicodeDecodeError):
+        return APIError(400, "request body is not UTF-8")
+    return None
+
+
+def _from_http_exception(exc: web.HTTPException) -> APIError:
+    status = exc.status
+    if status == 413:
+        return APIError(413, exc.text or "request body too large")
+    if status == 404:
+        return APIError(404, "not found", code="not_found")
+    if status == 405:
+        return APIError(405, "method not allowed")
+    return APIError(status, exc.reason or "error")
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ConnectionError:      # the client went away: nothing to answer, nothing to log
+        raise
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(_from_http_exception(exc))
+    except Exception as exc:      # noqa: BLE001 - this is the one place that answers 500
+        err = to_api_error(exc)
+        if err is None:
+            log.exception("unhandled error in %s %s", request.method, request.path)
+            err = APIError(500, f"internal server error: {type(exc).__name__}", type="server_error")
+        stream = request.get(SSE_KEY)
+        if stream is not None and stream.prepared:
+            return await _error_event(stream, err)
+        return error_response(err)
+
+
+async def _error_event(stream: web.StreamResponse, err: APIError) -> web.StreamResponse:
+    """The SSE stream had started: report the error as an event, then end the stream."""
+    body = {"error": {"message": err.message, "type": err.type, "code": err.code, "param": err.param}}
+    try:
+        await stream.write(f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode())
+        await stream.write_eof()
+    except ConnectionError:
+        pass
+    return stream

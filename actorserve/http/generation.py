@@ -1,0 +1,165 @@
+"""Submitting generation requests and reading their outputs, shared by OpenAI and native routes.
+
+A `RequestGroup` is the set of engine requests one HTTP request makes (``n`` choices, a batch).
+It validates each prompt against the context size, submits it with its own detokenizer, times
+it for the metrics, and reads the outputs either merged per request (`collect_all`) or
+interleaved as they come (`iterate`). It is an async context manager: leaving it for any reason
+(client disconnect, cancellation, an error) before a request's final output was read aborts
+that request at once, so its KV blocks are freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, AsyncIterator
+
+from ..actors.runtime import RequestHandle
+from ..engine.params import SamplingParams
+from ..messages import RequestOutput
+from .errors import APIError
+from .state import ServerContext
+
+NOT_ACCEPTING = ("starting", "draining", "stopped")
+MAX_N = 64                                      # choices per prompt
+_BACKGROUND: set[asyncio.Task[None]] = set()   # drains of aborted streams (strong refs)
+
+
+@dataclasses.dataclass(slots=True)
+class Job:
+    index: int
+    handle: RequestHandle
+    timer: Any
+    finished: bool = False
+
+    @property
+    def rid(self) -> str:
+        return self.handle.rid
+
+
+def check_accepting(ctx: ServerContext) -> None:
+    state = ctx.runtime.server_state
+    if state in NOT_ACCEPTING:
+        raise APIError(503, f"server is {state}; not accepting requests", code="server_unavailable")
+
+
+def check_prompt(ctx: ServerContext, ids: list[int]) -> None:
+    if not ids:
+        raise APIError(400, "the prompt is empty")
+    vocab = ctx.runtime.engine.info.vocab_size
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"token id {bad} is out of range [0, {vocab})")
+    cap = ctx.capacity
+    if len(ids) >= cap:
+        raise APIError(400, f"this model's maximum context length is {cap} tokens; the prompt has "
+                            f"{len(ids)} tokens, leaving no room to generate", code="context_length_exceeded")
+
+
+class RequestGroup:
+    def __init__(self, ctx: ServerContext, kind: str) -> None:
+        self.ctx = ctx
+        self.kind = kind
+        self.jobs: list[Job] = []
+
+    def default_max(self, ids: list[int]) -> int:
+        return max(1, self.ctx.capacity - len(ids))
+
+    def submit(self, ids: list[int], sp: SamplingParams, *, rid: str | None = None) -> Job:
+        """Submit one request (one choice); `sp.n` is ignored here (see `submit_n`)."""
+        check_prompt(self.ctx, ids)
+        detok = self.ctx.tokenizer.new_detokenizer(stop=sp.stop, skip_special_tokens=sp.skip_special_tokens)
+        timer = self.ctx.metrics.timer(self.kind) if self.ctx.metrics is not None else None
+        handle = self.ctx.runtime.generate(ids, sp, rid=rid, detokenizer=detok)
+        job = Job(len(self.jobs), handle, timer)
+        self.jobs.append(job)
+        return job
+
+    def submit_n(self, ids: list[int], sp: SamplingParams, *, rid: str | None = None) -> list[Job]:
+        """`sp.n` independent requests for one prompt (seeded ones get seed, seed+1, ...)."""
+        if sp.n > MAX_N:
+            raise APIError(400, f"n must be <= {MAX_N}, got {sp.n}", param="n")
+        out = []
+        for i in range(sp.n):
+            one = sp if sp.n == 1 else dataclasses.replace(
+                sp, n=1, seed=None if sp.seed is None else sp.seed + i)
+            r = rid if rid is None or sp.n == 1 else f"{rid}-{i}"
+            out.append(self.submit(ids, one, rid=r))
+        return out
+
+    # -- reading -----------------------------------------------------------------------------------
+    def _seen(self, job: Job, out: RequestOutput) -> None:
+        if job.timer is not None:
+            job.timer.observe(out)
+        if out.finished:
+            job.finished = True
+
+    async def collect(self, job: Job) -> RequestOutput:
+        merged = RequestOutput(job.rid)
+        merged.logprobs = None
+        async for out in job.handle.stream:
+            self._seen(job, out)
+            merged.text += out.text
+            merged.token_ids.extend(out.token_ids)
+            if out.logprobs:
+                merged.logprobs = (merged.logprobs or []) + list(out.logprobs)
+            if out.finished:
+                for f in ("finished", "finish_reason", "error", "prompt_tokens", "completion_tokens",
+                          "cached_tokens"):
+                    setattr(merged, f, getattr(out, f))
+        return merged
+
+    async def collect_all(self) -> list[RequestOutput]:
+        return list(await asyncio.gather(*(self.collect(j) for j in self.jobs)))
+
+    async def iterate(self) -> AsyncIterator[tuple[Job, RequestOutput]]:
+        """Outputs of all jobs, interleaved in arrival order, until every job has finished."""
+        if len(self.jobs) == 1:
+            job = self.jobs[0]
+            async for out in job.handle.stream:
+                self._seen(job, out)
+                yield job, out
+            return
+        queue: asyncio.Queue[tuple[Job, RequestOutput]] = asyncio.Queue()
+
+        async def pump(job: Job) -> None:
+            async for out in job.handle.stream:
+                queue.put_nowait((job, out))
+
+        tasks = [asyncio.ensure_future(pump(j)) for j in self.jobs]
+        try:
+            remaining = len(self.jobs)
+            while remaining:
+                job, out = await queue.get()
+                self._seen(job, out)
+                if out.finished:
+                    remaining -= 1
+                yield job, out
+        finally:
+            for t in tasks:
+                t.cancel()
+            # Wait for the pumps to let go of their streams before anyone else reads them.
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- leaving -----------------------------------------------------------------------------------
+    def abort_unfinished(self) -> None:
+        """Abort every request whose final output was not read; read that output in the
+        background so the metrics still count the request (as aborted)."""
+        for job in self.jobs:
+            if not job.finished:
+                self.ctx.runtime.abort(job.rid)
+                job.finished = True
+                task = asyncio.ensure_future(self._drain(job))
+                _BACKGROUND.add(task)
+                task.add_done_callback(_BACKGROUND.discard)
+
+    async def _drain(self, job: Job) -> None:
+        async for out in job.handle.stream:
+            if job.timer is not None:
+                job.timer.observe(out)
+
+    async def __aenter__(self) -> "RequestGroup":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.abort_unfinished()

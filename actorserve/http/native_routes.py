@@ -1,0 +1,158 @@
+"""Native (SGLang-style) routes: `/generate`, `/tokenize`, `/detokenize`, `/model_info`,
+`/server_info`, `/health`.
+
+`/generate` takes ``text`` or ``input_ids``, one or a list (a list answers a list), with
+``sampling_params`` (one for all, or one per input) and ``sampling_params.n`` copies per input.
+Its answer is ``{text, output_ids, meta_info{id, finish_reason{type}, prompt_tokens,
+completion_tokens, cached_tokens, e2e_latency}}``; streamed, each SSE event carries the
+*cumulative* text and ids so far (as SGLang does), with ``index`` in a batch, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Any
+
+from aiohttp import web
+
+from . import sse
+from .generation import Job, RequestGroup, check_accepting
+from .schemas import DetokenizeRequest, GenerateRequest, TokenizeRequest, read_json
+from .state import CTX
+
+_HEALTHY = ("serving", "paused")
+
+
+def _meta(job: Job, out: Any, finished: bool) -> dict[str, Any]:
+    reason = None
+    if finished:
+        reason = {"type": out.finish_reason}
+        if out.error:
+            reason["message"] = out.error
+    return {"id": job.rid, "finish_reason": reason, "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens, "cached_tokens": out.cached_tokens,
+            "e2e_latency": round(job.timer.elapsed, 6) if job.timer is not None else None}
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CTX]
+    body = GenerateRequest.model_validate(await read_json(request))
+    check_accepting(ctx)
+    items, batch = body.items()
+    prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in items]
+    group = RequestGroup(ctx, "generate")
+    params = []
+    for i, ids in enumerate(prompts):
+        ns = body.params_for(i, len(prompts))
+        params.append(ns.to_params(128, logprobs=body.return_logprob, top=body.top_logprobs_num))
+    batch = batch or any(sp.n > 1 for sp in params)
+    async with group:
+        for i, (ids, sp) in enumerate(zip(prompts, params)):
+            group.submit_n(ids, sp, rid=body.rid_for(i, len(prompts), batch))
+        if not body.stream:
+            outs = await group.collect_all()
+            results = []
+            for job, out in zip(group.jobs, outs):
+                r = {"text": out.text, "output_ids": out.token_ids, "meta_info": _meta(job, out, True)}
+                if out.logprobs is not None:
+                    r["meta_info"]["output_token_logprobs"] = [[lp, tid] for tid, lp, _ in out.logprobs]
+                results.append(r)
+            return web.json_response(results if batch else results[0])
+        resp = await sse.open_sse(request)
+        texts = {j.index: "" for j in group.jobs}
+        ids_so_far: dict[int, list[int]] = {j.index: [] for j in group.jobs}
+        async with contextlib.aclosing(group.iterate()) as outputs:
+            async for job, out in outputs:
+                texts[job.index] += out.text
+                ids_so_far[job.index].extend(out.token_ids)
+                if not out.text and not out.token_ids and not out.finished:
+                    continue
+                cum = dataclasses.replace(out, completion_tokens=out.completion_tokens
+                                          or len(ids_so_far[job.index]))
+                event = {"text": texts[job.index], "output_ids": list(ids_so_far[job.index]),
+                         "meta_info": _meta(job, cum, out.finished)}
+                if batch:
+                    event["index"] = job.index
+                await sse.send(resp, event)
+        await sse.done(resp)
+        return resp
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = TokenizeRequest.model_validate(await read_json(request))
+    if body.messages is not None:
+        ids = ctx.tokenizer.apply_chat_template(body.messages)
+    else:
+        text = body.text if body.text is not None else body.prompt
+        if text is None:
+            raise ValueError("one of text, prompt or messages is required")
+        ids = ctx.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+    return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": ctx.capacity})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = DetokenizeRequest.model_validate(await read_json(request))
+    ids = body.tokens if body.tokens is not None else body.input_ids
+    if ids is None:
+        raise ValueError("tokens (or input_ids) is required")
+    vocab = ctx.tokenizer.vocab_size
+    if any(not 0 <= t < vocab for t in ids):
+        raise ValueError(f"token ids must be in [0, {vocab})")
+    return web.json_response({"text": ctx.tokenizer.decode(ids, skip_special_tokens=body.skip_special_tokens)})
+
+
+async def model_info(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    info = ctx.runtime.engine.info
+    return web.json_response({
+        "model_path": ctx.extra.get("model_path", ctx.served_name), "served_model_name": ctx.served_name,
+        "is_generation": info.kind == "generate", "max_model_len": info.max_model_len,
+        "context_length": ctx.capacity, "vocab_size": info.vocab_size,
+        "eos_token_ids": list(info.eos_token_ids), "block_size": info.block_size,
+        "num_blocks": info.num_blocks})
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    return str(obj)
+
+
+async def server_info(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    cfg = _jsonable(ctx.config)
+    if cfg.get("api_key"):
+        cfg["api_key"] = "***"
+    return web.json_response({
+        "server_state": ctx.runtime.server_state, "served_model_name": ctx.served_name,
+        "scheduler": _jsonable(ctx.runtime.stats()), "config": cfg,
+        "uptime_s": round(time.time() - ctx.created, 3) if ctx.created else None})
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[CTX].runtime.server_state
+    ok = state.split("(")[0] in _HEALTHY
+    return web.json_response({"status": "ok" if ok else "unavailable", "server_state": state},
+                             status=200 if ok else 503)
+
+
+ROUTES = [
+    web.post("/generate", generate),
+    web.post("/tokenize", tokenize),
+    web.post("/detokenize", detokenize),
+    web.get("/model_info", model_info),
+    web.get("/get_model_info", model_info),
+    web.get("/server_info", server_info),
+    web.get("/get_server_info", server_info),
+    web.get("/health", health),
+]

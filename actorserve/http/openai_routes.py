@@ -1,0 +1,218 @@
+"""OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+
+Chat prompts go through the tokenizer's chat template; ``n > 1`` becomes n engine requests.
+Completions take a string, a list of strings or token ids (one list or a list of lists).
+Streaming is SSE: the role delta first, content deltas, ``finish_reason`` on each choice's last
+chunk, a usage chunk when ``stream_options.include_usage``, then ``data: [DONE]``. A client that
+goes away mid-stream aborts its requests at once (`RequestGroup` does it on exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from ..messages import RequestOutput
+from . import sse
+from .errors import APIError
+from .generation import RequestGroup, check_accepting
+from .schemas import ChatCompletionRequest, CompletionRequest, read_json
+from .state import CTX, ServerContext
+
+
+def resolve_model(ctx: ServerContext, model: str | None) -> str:
+    if model is None or model in ctx.model_names():
+        return ctx.served_name
+    raise APIError(404, f"The model `{model}` does not exist; served: {ctx.served_name!r} "
+                        f"(alias {ctx.model_names()[1]!r})", type="invalid_request_error",
+                   code="model_not_found", param="model")
+
+
+def _usage(outs: list[RequestOutput], prompt_tokens: int) -> dict[str, Any]:
+    completion = sum(o.completion_tokens for o in outs)
+    cached = max((o.cached_tokens for o in outs), default=0)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _token_str(ctx: ServerContext, tid: int) -> str:
+    return ctx.tokenizer.decode([tid], skip_special_tokens=False)
+
+
+def chat_logprobs(ctx: ServerContext, lps: list[Any] | None) -> dict[str, Any] | None:
+    if lps is None:
+        return None
+    content = []
+    for tid, lp, top in lps:
+        s = _token_str(ctx, tid)
+        content.append({"token": s, "logprob": lp, "bytes": list(s.encode()),
+                        "top_logprobs": [{"token": _token_str(ctx, t), "logprob": v,
+                                          "bytes": list(_token_str(ctx, t).encode())}
+                                         for t, v in (top or [])]})
+    return {"content": content}
+
+
+def completion_logprobs(ctx: ServerContext, lps: list[Any] | None, offset: int = 0) -> dict[str, Any] | None:
+    if lps is None:
+        return None
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for tid, lp, top in lps:
+        s = _token_str(ctx, tid)
+        offsets.append(offset)
+        offset += len(s)
+        tokens.append(s)
+        token_lps.append(lp)
+        tops.append({_token_str(ctx, t): v for t, v in (top or [])} if top else None)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _fail_if_error(outs: list[RequestOutput]) -> None:
+    for o in outs:
+        if o.finish_reason == "error":
+            raise APIError(500, f"generation failed: {o.error}", type="server_error")
+
+
+# -- chat ------------------------------------------------------------------------------------------
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CTX]
+    body = ChatCompletionRequest.model_validate(await read_json(request))
+    model = resolve_model(ctx, body.model)
+    check_accepting(ctx)
+    ids = ctx.tokenizer.apply_chat_template(body.messages)
+    group = RequestGroup(ctx, "chat")
+    sp = body.sampling(group.default_max(ids))
+    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    async with group:
+        group.submit_n(ids, sp, rid=body.rid)
+        if not body.stream:
+            outs = await group.collect_all()
+            _fail_if_error(outs)
+            choices = [{"index": i, "message": {"role": "assistant", "content": o.text},
+                        "logprobs": chat_logprobs(ctx, o.logprobs), "finish_reason": o.finish_reason}
+                       for i, o in enumerate(outs)]
+            return web.json_response({"id": cid, "object": "chat.completion", "created": created,
+                                      "model": model, "choices": choices,
+                                      "usage": _usage(outs, len(ids))})
+        return await _stream_chat(request, ctx, group, body, cid, created, model, len(ids))
+
+
+async def _stream_chat(request: web.Request, ctx: ServerContext, group: RequestGroup,
+                       body: ChatCompletionRequest, cid: str, created: int, model: str,
+                       n_prompt: int) -> web.StreamResponse:
+    include_usage = body.include_usage
+    resp = await sse.open_sse(request)
+
+    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+        c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": choices}
+        if include_usage:
+            c["usage"] = None
+        return c
+
+    for job in group.jobs:
+        await sse.send(resp, chunk([{"index": job.index, "delta": {"role": "assistant", "content": ""},
+                                     "logprobs": None, "finish_reason": None}]))
+    finals: list[RequestOutput] = []
+    async with contextlib.aclosing(group.iterate()) as outputs:
+        async for job, out in outputs:
+            if not out.text and not out.finished and not out.logprobs:
+                continue
+            delta = {"content": out.text} if out.text or not out.finished else {}
+            await sse.send(resp, chunk([{"index": job.index, "delta": delta,
+                                         "logprobs": chat_logprobs(ctx, out.logprobs),
+                                         "finish_reason": out.finish_reason if out.finished else None}]))
+            if out.finished:
+                finals.append(out)
+    if include_usage:
+        await sse.send(resp, {"id": cid, "object": "chat.completion.chunk", "created": created,
+                              "model": model, "choices": [], "usage": _usage(finals, n_prompt)})
+    await sse.done(resp)
+    return resp
+
+
+# -- completions -----------------------------------------------------------------------------------
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CTX]
+    body = CompletionRequest.model_validate(await read_json(request))
+    model = resolve_model(ctx, body.model)
+    check_accepting(ctx)
+    prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
+    group = RequestGroup(ctx, "completion")
+    params = [body.sampling(group.default_max(ids)) for ids in prompts]
+    cid = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    echo = [ctx.tokenizer.decode(ids) if body.echo else "" for ids in prompts]
+    async with group:
+        for i, (ids, sp) in enumerate(zip(prompts, params)):
+            rid = None if body.rid is None else (body.rid if len(prompts) == 1 else f"{body.rid}-{i}")
+            group.submit_n(ids, sp, rid=rid)
+        n = params[0].n
+        n_prompt = sum(len(p) for p in prompts)
+        if not body.stream:
+            outs = await group.collect_all()
+            _fail_if_error(outs)
+            choices = [{"index": i, "text": echo[i // n] + o.text,
+                        "logprobs": completion_logprobs(ctx, o.logprobs, len(echo[i // n])),
+                        "finish_reason": o.finish_reason} for i, o in enumerate(outs)]
+            return web.json_response({"id": cid, "object": "text_completion", "created": created,
+                                      "model": model, "choices": choices,
+                                      "usage": _usage(outs, n_prompt)})
+        resp = await sse.open_sse(request)
+        finals: list[RequestOutput] = []
+        started: set[int] = set()
+        async with contextlib.aclosing(group.iterate()) as outputs:
+            async for job, out in outputs:
+                text = out.text
+                if job.index not in started:
+                    started.add(job.index)
+                    text = echo[job.index // n] + text
+                if not text and not out.finished and not out.logprobs:
+                    continue
+                c = {"id": cid, "object": "text_completion", "created": created, "model": model,
+                     "choices": [{"index": job.index, "text": text,
+                                  "logprobs": completion_logprobs(ctx, out.logprobs),
+                                  "finish_reason": out.finish_reason if out.finished else None}]}
+                if body.include_usage:
+                    c["usage"] = None
+                await sse.send(resp, c)
+                if out.finished:
+                    finals.append(out)
+        if body.include_usage:
+            await sse.send(resp, {"id": cid, "object": "text_completion", "created": created,
+                                  "model": model, "choices": [], "usage": _usage(finals, n_prompt)})
+        await sse.done(resp)
+        return resp
+
+
+async def list_models(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    info = ctx.runtime.engine.info
+    data = [{"id": name, "object": "model", "created": ctx.created, "owned_by": "actorserve",
+             "root": ctx.served_name, "max_model_len": info.max_model_len}
+            for name in ctx.model_names()]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    name = resolve_model(ctx, request.match_info["model"])
+    return web.json_response({"id": name, "object": "model", "created": ctx.created,
+                              "owned_by": "actorserve"})
+
+
+ROUTES = [
+    web.post("/v1/chat/completions", chat_completions),
+    web.post("/v1/completions", completions),
+    web.get("/v1/models", list_models),
+    web.get("/v1/models/{model}", get_model),
+]

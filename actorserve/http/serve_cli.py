@@ -1,0 +1,58 @@
+"""Serve a model over HTTP (OpenAI-compatible, native and control routes)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from ..config import ModelConfig, RecorderConfig, SchedulerConfig, ServerConfig
+from ..engine.batching import BatchConfig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--model", default="default", help='"default", "tiny", an HF folder or a .gguf')
+    p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--kv-blocks", type=int, default=None, help="KV cache blocks (default: from --kv-memory-gb)")
+    p.add_argument("--kv-memory-gb", type=float, default=1.0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-batch-tokens", type=int, default=None)
+    p.add_argument("--record", default=None, metavar="PATH", help="flight-recorder JSONL file")
+    p.add_argument("--log-level", default="info")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    batch_kw = {}
+    if args.max_num_seqs is not None:
+        batch_kw["max_num_seqs"] = args.max_num_seqs
+    if args.max_batch_tokens is not None:
+        batch_kw["max_batch_tokens"] = args.max_batch_tokens
+    return ServerConfig(
+        host=args.host, port=args.port, api_key=args.api_key,
+        model=ModelConfig(model=args.model, threads=args.threads, kv_blocks=args.kv_blocks,
+                          kv_memory_gb=args.kv_memory_gb, block_size=args.block_size),
+        scheduler=SchedulerConfig(batch=BatchConfig(**batch_kw)),
+        recorder=RecorderConfig(path=args.record))
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"actorserve serve: {exc}", file=sys.stderr)
+        return 2
+    from .server import build_runtime, serve_async
+
+    built = build_runtime(config)
+
+    def ready(url: str) -> None:
+        print(f"actorserve serving {built.served_name} at {url}", flush=True)
+
+    return asyncio.run(serve_async(config, built=built, on_ready=ready))

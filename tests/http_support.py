@@ -1,0 +1,66 @@
+"""Shared fixtures for the HTTP tests (no tests here): the tiny model, loaded once per module,
+and `serve(...)`, an aiohttp test server on 127.0.0.1 over a fresh runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from actorserve.actors.runtime import Runtime
+from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig
+from actorserve.engine.batching import BatchConfig
+from actorserve.http.app import build_app
+from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+from actorserve.replay.recorder import FlightRecorder
+from actorserve.statemachines import LIFECYCLES
+
+NAME = "tiny-llama"
+
+
+def load_tiny() -> tuple[Any, Any, Any]:
+    from actorserve.engine.models import load_model
+    from actorserve.engine.tokenizer import TextTokenizer
+
+    model, hf_tok, _ = load_model("tiny", threads=1)
+    tok = TextTokenizer(hf_tok, chat_template=FALLBACK_CHAT_TEMPLATE)
+    return model, hf_tok, tok
+
+
+@contextlib.asynccontextmanager
+async def serve(tiny: tuple[Any, Any, Any], *, api_key: str | None = None, kv_blocks: int = 64,
+                max_body_bytes: int = 8 << 20, name: str = NAME) -> AsyncIterator[tuple[TestClient, Runtime]]:
+    from actorserve.engine.runner import build_engine
+
+    model, hf_tok, tok = tiny
+    engine = build_engine(model, num_blocks=kv_blocks, block_size=16, tokenizer=hf_tok, model_name=name)
+    rt = Runtime(engine, config=SchedulerConfig(batch=BatchConfig(), step_in_thread=True),
+                 recorder=FlightRecorder(capacity=100_000, lifecycles=LIFECYCLES.values()))
+    config = ServerConfig(api_key=api_key, max_body_bytes=max_body_bytes,
+                          model=ModelConfig(model="tiny", kv_blocks=kv_blocks))
+    app = build_app(rt, tok, config, name)
+    async with TestServer(app, host="127.0.0.1", port=0, handler_cancellation=True) as server:
+        async with TestClient(server) as client:
+            yield client, rt
+
+
+async def settle(rt: Runtime, timeout: float = 10.0) -> None:
+    """Wait until no request is live and no KV block is used."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        st = rt.stats()
+        if st.live_requests == 0 and st.kv_used_blocks == 0 and not rt.live_actors():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"runtime did not settle: {rt.stats()}")
+
+
+def assert_error(body: dict, type_: str | None = None) -> None:
+    err = body["error"]
+    assert set(err) >= {"message", "type", "code", "param"}, body
+    assert isinstance(err["message"], str) and err["message"]
+    if type_ is not None:
+        assert err["type"] == type_, body
