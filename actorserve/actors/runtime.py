@@ -22,7 +22,7 @@ from ..engine.base import Engine
 from ..engine.params import PoolingParams, SamplingParams
 from ..engine.sequence import Sequence
 from ..messages import Abort, ControlResult, ServerEvent, Submit
-from ..statemachines import LIFECYCLES
+from ..statemachines import LIFECYCLES, ServerState
 from .actor import Actor
 from .clock import Clock
 from .control import ControlActor
@@ -130,7 +130,8 @@ class Runtime:
     async def shutdown(self) -> None:
         """Drain is the server's job; this stops everything at once (pending replies fail)."""
         if self.control_actor.alive:
-            await self.control_actor.ask(ServerEvent("drain", "shutdown"))
+            if self.control_actor.server.state is not ServerState.draining:
+                await self.control_actor.ask(ServerEvent("drain", "shutdown"))
             await self.control_actor.ask(ServerEvent("stop", "shutdown"))
         self.scheduler.stop()          # aborts what is left, telling each request actor
         await self.system.quiesce()

@@ -75,7 +75,7 @@ def check(events: Iterable[Event], *, require_terminal: bool = True) -> Report:
             tr = tracks[key] = _Track(Subject(lc.state_named(ev.src) if ev.src else lc.initial, ev.rid),
                                       ev.kind, False)
         if not ev.ok:
-            viol.append(Violation("illegal", ev.rid, ev.seq, f"{ev.kind}: {ev.error}"))
+            viol.append(Violation("illegal", ev.rid, ev.seq, str(ev.error)))
             continue
         if tr.terminal_seq is not None:
             again = ev.dst is not None and lc.is_terminal(lc.state_named(ev.dst))
