@@ -3,6 +3,8 @@
     actorserve replay run.jsonl            # summary + violations; exit 1 if any
     actorserve replay run.jsonl --rid X    # one request's timeline
     actorserve replay run.jsonl --json     # the report as JSON
+    actorserve replay run.jsonl --format html --out run.html [--rid X]
+    actorserve replay run.jsonl --format mermaid [--rid X]
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a JSONL recording written by `actorserve serve --record PATH`")
     p.add_argument("--rid", help="print this request's timeline")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--format", choices=("text", "mermaid", "html"), default="text",
+                   help="text: the report; mermaid: a sequence diagram; html: timeline + state overlays")
+    p.add_argument("--out", help="write the mermaid/html picture here instead of stdout")
     p.add_argument("--allow-unfinished", action="store_true",
                    help="do not flag requests still live when the recording ends")
 
@@ -52,8 +57,24 @@ def timeline(events: list, rid: str) -> list[str]:
     return lines
 
 
+def _picture(args: argparse.Namespace, events: list) -> int:
+    from .render import to_html, to_mermaid_sequence
+
+    text = (to_mermaid_sequence(events, rid=args.rid) if args.format == "mermaid"
+            else to_html(events, rid=args.rid, title=f"actorserve replay: {args.path}"))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     header, events = read_recording(args.path)
+    if args.format != "text":
+        return _picture(args, events)
     if args.rid:
         lines = timeline(events, args.rid)
         if not lines:
