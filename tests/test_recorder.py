@@ -121,3 +121,25 @@ def test_checker_reports_divergence_from_todays_definitions():
     evs = [_ev(1, "x", "create", None, "queued"), _ev(2, "x", "schedule", "queued", "decode")]
     report = check([Event.from_dict(e) for e in evs], require_terminal=False)
     assert [(v.kind, v.seq) for v in report.violations] == [("divergence", 2)]
+
+
+async def test_abort_latency_and_time_in_state_from_a_recording():
+    from actorserve.replay.stats import abort_latencies_ms, time_in_state_ms
+
+    rt, engine, rec, clock = await make_runtime()
+    await rt.control(PauseGeneration("in_place"))
+    hs = [rt.generate([i, 2], SamplingParams(max_new_tokens=4)) for i in range(1, 4)]
+    await rt.quiesce()
+    clock.advance(0.25)
+    await rt.control(AbortRequest(rid=hs[0].rid))
+    clock.advance(0.5)
+    await rt.control(AbortRequest(abort_all=True))
+    for h in hs:
+        assert (await h.stream.final()).finish_reason == "abort"
+    await rt.quiesce()
+    lat = abort_latencies_ms(rec.events())
+    assert lat == [0.0, 0.0, 0.0]            # the manual clock does not move inside a turn
+    spans = time_in_state_ms(rec.events())
+    assert spans["generation.queued"]["n"] == 3
+    assert spans["generation.queued"]["max_ms"] == 750.0 and spans["generation.queued"]["p50_ms"] == 750.0
+    await rt.shutdown()

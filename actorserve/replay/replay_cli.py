@@ -16,6 +16,7 @@ import sys
 from ..statemachines import LIFECYCLES
 from .check import check
 from .recorder import read_recording
+from .stats import latency_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             "violations": [{"kind": v.kind, "rid": v.rid, "seq": v.seq, "detail": v.detail}
                            for v in report.violations],
             "stale_definitions": stale,
+            **latency_report(events),
         }))
     else:
         print(f"{len(events)} events")
@@ -100,6 +102,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {kind:<11} {n:>7} accepted   {ends}")
         for line in stale:
             print(f"  note: {line}")
+        lat = latency_report(events)
+        if lat["abort_latency"]:
+            a = lat["abort_latency"]
+            print(f"  abort latency: n={a['n']} p50={a['p50_ms']} ms p99={a['p99_ms']} ms max={a['max_ms']} ms")
+        for state, st in lat["time_in_state"].items():  # type: ignore[union-attr]
+            print(f"  time in {state:<22} n={st['n']:<6} p50={st['p50_ms']:>9} ms  p99={st['p99_ms']:>9} ms")
         if report.ok:
             print("no violations")
         else:
