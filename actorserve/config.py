@@ -10,7 +10,9 @@ from .engine.batching import BatchConfig
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     model: str = "default"             # "default" (SmolLM2), "tiny", a HF folder or a .gguf file
-    embedding_model: str | None = None
+    embedding_model: str | None = "embed"   # "embed" (all-MiniLM-L6-v2), an HF encoder folder; None = off
+    rerank_model: str | None = None     # a local *ForSequenceClassification cross-encoder folder
+    classify_model: str | None = None   # a local *ForSequenceClassification folder
     threads: int | None = None          # torch intra-op threads; None = all cores
     kv_blocks: int | None = None        # None = sized from kv_memory_gb
     kv_memory_gb: float = 1.0
@@ -21,6 +23,7 @@ class ModelConfig:
 class SchedulerConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     step_in_thread: bool = True         # run the model step in a worker thread (off the loop)
+    watchdog_timeout_s: float | None = None   # unhealthy after this long without a step; None = off
 
 
 @dataclass(frozen=True, slots=True)

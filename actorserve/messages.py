@@ -9,6 +9,10 @@ Families (the receiving actor in brackets):
                       `Resumed`, `Retracted`, `Aborted`, `Failed`
 * request actor -> scheduler: `Release` (finished early: stop string, own failure)
 * scheduler -> itself: `StepDone` (a model step came back from its worker thread)
+* watchdog:           `WatchdogTick` (its timer), `ProgressQuery` -> `Progress` [scheduler],
+                      `WatchdogReport`, `WatchdogAck`; it moves the server with `ServerEvent`
+* sessions:           `OpenSession`, `CloseSession` [control -> sessions], `SessionBegin` (a
+                      request joins), `SessionEnd` (from the request actor), `SessionReap` (timer)
 
 A message that concerns one request carries its `rid`, so the flight recorder files it under
 that request. Dispatch is by type through each actor's handler table, never by name.
@@ -203,4 +207,96 @@ class ControlDone:
 class ServerEvent:
     """Move the server lifecycle: ready, drain, stop, stall, recover."""
     event: str
+    reason: str = ""
+
+
+# -- watchdog -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressQuery:
+    """Asked of the scheduler: how far has it got? (answered with `Progress`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    steps_done: int         # model steps completed since start
+    pending: bool           # work that should make progress: a step in flight, or unpaused requests
+    live: int               # live requests (probes included)
+
+
+@dataclass(frozen=True, slots=True)
+class WatchdogTick:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class WatchdogReport:
+    progress: Any            # Progress, or None when the scheduler did not answer
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WatchdogAck:
+    event: str               # stall | recover
+    ok: bool
+
+
+# -- sessions -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSession:
+    session_id: str | None = None
+    capacity_of_str_len: int | None = None
+    timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSession:
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionBegin:
+    """A request wants to join a session: compose its prompt and mark it running."""
+    session_id: str
+    rid: str                 # the new request's id
+    new_ids: tuple[int, ...]
+    parent: str | None = None
+    offset: int | None = None
+    replace: bool = False
+    drop_previous_output: bool = False
+    bos_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnd:
+    """A session's request ended (or was never submitted): record its output, maybe close."""
+    session_id: str
+    rid: str
+    output_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None
+    submitted: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SessionReap:
+    session_id: str
+
+
+# -- health_generate ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheck:
+    """A /health_generate starts: the control actor opens its record (``waiting`` for the probe)
+    or rejects it at once (starting, draining, unhealthy); paused answers ``paused``."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthDone:
+    """The probe of health check `record` ended: apply (healthy) or reject it with the reason."""
+    record: str
+    ok: bool
     reason: str = ""

@@ -18,10 +18,11 @@ import itertools
 from typing import Any
 
 from ..messages import (
-    Abort, AbortRequest, Continue, ContinueGeneration, ControlDone, ControlResult, Flush,
-    FlushCache, FlushTimeout, Pause, PauseGeneration, ServerEvent,
+    Abort, AbortRequest, CloseSession, Continue, ContinueGeneration, ControlDone, ControlResult,
+    Flush, FlushCache, FlushTimeout, HealthCheck, HealthDone, OpenSession, Pause, PauseGeneration,
+    ServerEvent,
 )
-from ..statemachines import CONTROL, SERVER, IllegalTransition, ServerState
+from ..statemachines import CONTROL, SERVER, ControlState, IllegalTransition, ServerState
 from .actor import Actor, handles
 
 
@@ -55,9 +56,11 @@ class ControlActor(Actor):
     def __init__(self, scheduler: Actor, *, name: str = "control") -> None:
         super().__init__(name)
         self.scheduler = scheduler
+        self.sessions: Actor | None = None      # the session actor (open/close_session go there)
         self.server = ServerModel()
         self._ids = itertools.count(1)
         self.history: list[ControlRecord] = []   # the last few, for /server_info
+        self._probing: dict[str, ControlRecord] = {}   # health checks waiting for their probe
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -80,11 +83,12 @@ class ControlActor(Actor):
     def _server_fire(self, event: str) -> None:
         SERVER.fire(self.server, event, observer=self._rec)
 
-    def _forward(self, rec: ControlRecord, message: Any) -> asyncio.Future[ControlResult]:
-        """Ask the scheduler; its answer comes back to us as `ControlDone`."""
+    def _forward(self, rec: ControlRecord, message: Any,
+                 target: Actor | None = None) -> asyncio.Future[ControlResult]:
+        """Ask the scheduler (or `target`); its answer comes back to us as `ControlDone`."""
         assert self.system is not None
         reply: asyncio.Future[ControlResult] = asyncio.get_running_loop().create_future()
-        self.system.pipe(self.scheduler.ask(message), self,
+        self.system.pipe((target or self.scheduler).ask(message), self,
                          wrap=lambda res, err: ControlDone(rec.rid, (rec, res), err, reply))
         return reply
 
@@ -123,6 +127,37 @@ class ControlActor(Actor):
                 msg.timeout_s or 0.0, lambda: sched.tell(FlushTimeout()) if sched.alive else None)
         return reply
 
+    @handles(OpenSession, CloseSession)
+    def _session(self, msg: Any) -> Any:
+        rec = self._new("open_session" if isinstance(msg, OpenSession) else "close_session")
+        if self.sessions is None or not self.sessions.alive:
+            return self._end(rec, ControlResult(False, "sessions are not available"))
+        if isinstance(msg, OpenSession) and self.server.state in (ServerState.draining, ServerState.stopped):
+            return self._end(rec, ControlResult(False, f"cannot open a session while the server is {self.server.label}"))
+        return self._forward(rec, msg, self.sessions)
+
+    @handles(HealthCheck)
+    def _health(self, msg: HealthCheck) -> ControlResult:
+        """Open the record of a /health_generate; the HTTP layer runs the probe and reports
+        `HealthDone`. Only a serving server is probed; paused is healthy without a probe."""
+        rec = self._new("health_generate")
+        state = self.server.state
+        if state is ServerState.paused:
+            return self._end(rec, ControlResult(True, "paused", {"probe": False, "record": rec.rid}))
+        if state is not ServerState.serving:
+            why = self.server.reason if state is ServerState.unhealthy and self.server.reason else ""
+            return self._end(rec, ControlResult(False, why or f"server is {self.server.label}",
+                                                {"record": rec.rid}))
+        CONTROL.fire(rec, "wait", observer=self._rec)
+        self._probing[rec.rid] = rec
+        return ControlResult(True, "probing", {"probe": True, "record": rec.rid})
+
+    @handles(HealthDone)
+    def _health_done(self, msg: HealthDone) -> None:
+        rec = self._probing.pop(msg.record, None)
+        if rec is not None and rec.state is ControlState.waiting:
+            self._end(rec, ControlResult(msg.ok, msg.reason))
+
     @handles(ControlDone)
     def _done(self, msg: ControlDone) -> None:
         """Replies arrive in the order the scheduler applied them (a pause that waits for the
@@ -149,8 +184,14 @@ class ControlActor(Actor):
         if op == "pause_generation" and state is ServerState.serving:
             self._server_fire("pause")
             self.server.pause_mode = res.detail.get("mode")
+        elif op == "pause_generation" and state is ServerState.unhealthy:
+            # a pause that waited at a stalled step: the scheduler is paused now; the server
+            # shows it when it recovers (see `_server_event`)
+            self.server.pause_mode = res.detail.get("mode")
         elif op == "continue_generation" and state is ServerState.paused:
             self._server_fire("resume")
+            self.server.pause_mode = None
+        elif op == "continue_generation":
             self.server.pause_mode = None
 
     # -- server lifecycle ----------------------------------------------------------------------
@@ -161,6 +202,8 @@ class ControlActor(Actor):
         except IllegalTransition as exc:
             return ControlResult(False, str(exc))
         self.server.reason = msg.reason
-        if msg.event in ("resume", "recover", "ready", "drain", "stop"):
+        if msg.event == "recover" and self.server.pause_mode:
+            self._server_fire("pause")        # recovered into the pause the scheduler holds
+        elif msg.event in ("resume", "recover", "ready", "drain", "stop"):
             self.server.pause_mode = None if self.server.state is not ServerState.paused else self.server.pause_mode
         return ControlResult(True, self.server.label)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from ..messages import (
     Aborted, Failed, Paused, PoolOut, PrefillProgress, Release, RequestOutput, Resumed,
-    Retracted, Scheduled, TokenOut,
+    Retracted, Scheduled, SessionEnd, TokenOut,
 )
 from ..statemachines import GENERATION, POOLING, Lifecycle
 from .actor import Actor, handles
@@ -171,16 +171,27 @@ class RequestActor(Actor):
 
 
 class GenerationActor(RequestActor):
-    __slots__ = ("detok", "want_logprobs", "completion_tokens", "prefill_done")
+    __slots__ = ("detok", "want_logprobs", "completion_tokens", "prefill_done", "session", "out_ids")
     lifecycle = GENERATION
 
     def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
-                 detokenizer: Any = None, logprobs: bool = False, is_probe: bool = False) -> None:
+                 detokenizer: Any = None, logprobs: bool = False, is_probe: bool = False,
+                 session: tuple[Actor, str] | None = None) -> None:
         super().__init__(rid, scheduler=scheduler, prompt_tokens=prompt_tokens, is_probe=is_probe)
         self.detok = detokenizer
         self.want_logprobs = logprobs
         self.completion_tokens = 0
         self.prefill_done = False  # this incarnation's prompt is in the KV (reset by retract)
+        # (session actor, session id): told `SessionEnd` with the output ids when the request ends
+        self.session = session
+        self.out_ids: list[int] | None = [] if session is not None else None
+
+    def _finish(self, item: RequestOutput) -> None:
+        if self.session is not None:
+            actor, sid = self.session
+            if actor.alive:
+                actor.tell(SessionEnd(sid, self.rid, tuple(self.out_ids or ()), item.finish_reason))
+        super()._finish(item)
 
     @property
     def prefill_complete(self) -> bool:
@@ -203,6 +214,8 @@ class GenerationActor(RequestActor):
             assert self.system is not None
             self.t_first = self.system.clock.now()
         self.completion_tokens += 1
+        if self.out_ids is not None:
+            self.out_ids.append(msg.token_id)
         text = self.detok.add([msg.token_id]) if self.detok is not None else ""
         finish = msg.finish_reason
         stopped = self.detok is not None and getattr(self.detok, "stopped", None)

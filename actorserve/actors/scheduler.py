@@ -29,7 +29,8 @@ from ..engine.batching import BatchConfig, BatchPolicy
 from ..engine.block_manager import BlockManager
 from ..messages import (
     Abort, Aborted, Continue, ControlResult, Failed, Flush, FlushTimeout, Pause, Paused,
-    PoolOut, PrefillProgress, Release, Resumed, Retracted, Scheduled, StepDone, Submit, TokenOut,
+    PoolOut, PrefillProgress, Progress, ProgressQuery, Release, Resumed, Retracted, Scheduled,
+    StepDone, Submit, TokenOut,
 )
 from .actor import Actor, handles
 
@@ -76,8 +77,9 @@ class SchedulerActor(Actor):
         self._free_after_step: list[Any] = []
         self._pending_pause: tuple[str, asyncio.Future[ControlResult]] | None = None
         self._flush_waiter: asyncio.Future[ControlResult] | None = None
-        self.generated_tokens = 0
+        self.generated_tokens = 0      # business traffic only: probes are not counted
         self.prompt_tokens = 0
+        self.steps_done = 0            # completed model steps (the watchdog's progress signal)
 
     # -- admission -----------------------------------------------------------------------------
     @handles(Submit)
@@ -94,7 +96,8 @@ class SchedulerActor(Actor):
             return
         self.seqs[msg.rid] = seq
         self.actors[msg.rid] = actor
-        self.prompt_tokens += len(seq.prompt_ids)
+        if not seq.is_probe:
+            self.prompt_tokens += len(seq.prompt_ids)
         (self.probe_lane if seq.is_probe else self.lane).append(seq)
 
     # -- leaving -------------------------------------------------------------------------------
@@ -265,6 +268,7 @@ class SchedulerActor(Actor):
     @handles(StepDone)
     def _step_done(self, msg: StepDone) -> None:
         self.inflight = None
+        self.steps_done += 1
         if msg.error is not None:
             err = f"model step failed: {type(msg.error).__name__}: {msg.error}"
             for seq, _ in msg.batch:
@@ -306,7 +310,8 @@ class SchedulerActor(Actor):
             return
         tok = out.token_id
         seq.output_ids.append(tok)
-        self.generated_tokens += 1
+        if not seq.is_probe:
+            self.generated_tokens += 1
         reason = self._finish_reason(seq, tok)
         if reason is not None:
             self._drop(seq.rid)
@@ -322,6 +327,11 @@ class SchedulerActor(Actor):
         if seq.num_tokens >= min(info.max_model_len, info.num_blocks * info.block_size):
             return "length"
         return None
+
+    @handles(ProgressQuery)
+    def _progress(self, msg: ProgressQuery) -> Progress:
+        pending = self.inflight is not None or (bool(self.seqs) and self.paused_mode is None)
+        return Progress(self.steps_done, pending, len(self.seqs))
 
     # -- introspection and teardown ------------------------------------------------------------
     def stats(self) -> SchedulerStats:

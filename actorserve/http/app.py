@@ -17,7 +17,7 @@ from aiohttp import web
 from ..actors.runtime import Runtime
 from ..config import ServerConfig
 from ..engine.tokenizer import TextTokenizer
-from . import control_routes, native_routes, openai_routes
+from . import control_routes, native_routes, openai_routes, pooling_routes
 from .errors import APIError, error_middleware, error_response
 from .metrics import Metrics, metrics_handler
 from .state import CTX, ServerContext
@@ -49,14 +49,17 @@ async def _runtime_lifetime(app: web.Application) -> AsyncIterator[None]:
 
 
 def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, served_name: str,
-              *, own_runtime: bool = True) -> web.Application:
-    """The app; with ``own_runtime`` it starts the runtime on startup and shuts it down on cleanup."""
+              *, own_runtime: bool = True, pool_models: dict[str, Any] | None = None) -> web.Application:
+    """The app; with ``own_runtime`` it starts the runtime on startup and shuts it down on cleanup.
+    ``pool_models``: target -> `http.pooling.PoolModel` for the runtime's pooling engines."""
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[error_middleware, auth_middleware(config.api_key)])
     ctx = ServerContext(runtime=runtime, tokenizer=tokenizer, config=config, served_name=served_name,
                         created=int(time.time()))
     ctx.metrics = Metrics(runtime.stats, lambda: runtime.server_state)
     app[CTX] = ctx
+    ctx.extra["pooling"] = dict(pool_models or {})
+    app.router.add_routes(pooling_routes.ROUTES)
     app.router.add_routes(openai_routes.ROUTES + native_routes.ROUTES + control_routes.ROUTES
                           + [web.get("/metrics", metrics_handler)])
     if own_runtime:

@@ -1,5 +1,8 @@
 """Control routes: `/abort_request`, `/pause_generation`, `/continue_generation`, `/is_paused`,
-`/flush_cache`, and the debug diagrams `/debug/diagram/{kind}?format=mermaid|svg`.
+`/flush_cache`, `/open_session`, `/close_session`, and the debug diagrams
+`/debug/diagram/{kind}?format=mermaid|svg`; `/health_generate` lives in `health_routes`.
+
+`/open_session` answers the session id as a JSON string, as SGLang does.
 
 Each control body becomes a control message for the runtime's control actor; a rejected
 request (e.g. flush while busy) is a 400 with the actor's reason.
@@ -12,11 +15,14 @@ from typing import Any
 
 from aiohttp import web
 
-from ..messages import AbortRequest, ContinueGeneration, ControlResult, FlushCache, PauseGeneration
+from ..messages import (
+    AbortRequest, CloseSession, ContinueGeneration, ControlResult, FlushCache, OpenSession, PauseGeneration,
+)
 from ..statemachines import LIFECYCLES
 from ..statemachines.diagram import to_mermaid, to_svg
 from .errors import APIError
-from .schemas import AbortBody, FlushBody, PauseBody, read_json
+from . import health_routes
+from .schemas import AbortBody, CloseSessionBody, FlushBody, OpenSessionBody, PauseBody, read_json
 from .state import CTX
 
 
@@ -65,6 +71,20 @@ async def flush_cache(request: web.Request) -> web.Response:
     return _answer(await request.app[CTX].runtime.control(FlushCache(timeout_s=timeout)))
 
 
+async def open_session(request: web.Request) -> web.Response:
+    body = OpenSessionBody.model_validate(await _optional_json(request))
+    res = await request.app[CTX].runtime.control(OpenSession(
+        body.session_id, body.capacity_of_str_len, None if body.timeout is None else float(body.timeout)))
+    if not res.ok:
+        raise APIError(400, res.message or "rejected", code="rejected")
+    return web.json_response(res.detail["session_id"])
+
+
+async def close_session(request: web.Request) -> web.Response:
+    body = CloseSessionBody.model_validate(await read_json(request))
+    return _answer(await request.app[CTX].runtime.control(CloseSession(body.session_id)))
+
+
 async def diagram(request: web.Request) -> web.Response:
     kind = request.match_info["kind"]
     lc = LIFECYCLES.get(kind)
@@ -84,5 +104,7 @@ ROUTES = [
     web.post("/continue_generation", continue_generation),
     web.get("/is_paused", is_paused),
     web.post("/flush_cache", flush_cache),
+    web.post("/open_session", open_session),
+    web.post("/close_session", close_session),
     web.get("/debug/diagram/{kind}", diagram),
-]
+] + health_routes.ROUTES

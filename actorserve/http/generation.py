@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import uuid
 from typing import Any, AsyncIterator
 
 from ..actors.runtime import RequestHandle
 from ..engine.params import SamplingParams
-from ..messages import RequestOutput
+from ..messages import RequestOutput, SessionBegin, SessionEnd
 from .errors import APIError
 from .state import ServerContext
 
@@ -56,6 +57,26 @@ def check_prompt(ctx: ServerContext, ids: list[int]) -> None:
                             f"{len(ids)} tokens, leaving no room to generate", code="context_length_exceeded")
 
 
+async def session_prompt(ctx: ServerContext, params: Any, new_ids: list[int], rid: str) -> list[int]:
+    """Join session ``params.id`` (a `SessionParams`): the composed prompt, or a 400 why not.
+    The session now counts `rid` as running; `RequestGroup.submit(..., session=)` reports its end."""
+    bos = getattr(getattr(ctx.tokenizer, "hf", None), "bos_token_id", None)
+    try:
+        res = await ctx.runtime.session(SessionBegin(
+            params.id, rid, tuple(new_ids), params.rid, params.offset, params.replace,
+            params.drop_previous_output, bos))
+    except asyncio.CancelledError:   # the client left: undo a reservation that may have been made
+        await asyncio.shield(ctx.runtime.session(SessionEnd(params.id, rid, submitted=False)))
+        raise
+    if not res.ok:
+        raise APIError(400, res.message, code="invalid_session", param="session_params")
+    return list(res.detail["prompt_ids"])
+
+
+def session_rid(rid: str | None) -> str:
+    return rid or uuid.uuid4().hex
+
+
 class RequestGroup:
     def __init__(self, ctx: ServerContext, kind: str) -> None:
         self.ctx = ctx
@@ -65,12 +86,21 @@ class RequestGroup:
     def default_max(self, ids: list[int]) -> int:
         return max(1, self.ctx.capacity - len(ids))
 
-    def submit(self, ids: list[int], sp: SamplingParams, *, rid: str | None = None) -> Job:
-        """Submit one request (one choice); `sp.n` is ignored here (see `submit_n`)."""
-        check_prompt(self.ctx, ids)
-        detok = self.ctx.tokenizer.new_detokenizer(stop=sp.stop, skip_special_tokens=sp.skip_special_tokens)
-        timer = self.ctx.metrics.timer(self.kind) if self.ctx.metrics is not None else None
-        handle = self.ctx.runtime.generate(ids, sp, rid=rid, detokenizer=detok)
+    def submit(self, ids: list[int], sp: SamplingParams, *, rid: str | None = None,
+               session: str | None = None) -> Job:
+        """Submit one request (one choice); `sp.n` is ignored here (see `submit_n`).
+        With ``session``, the request was begun by `session_prompt` under `rid`."""
+        try:
+            check_prompt(self.ctx, ids)
+            detok = self.ctx.tokenizer.new_detokenizer(stop=sp.stop, skip_special_tokens=sp.skip_special_tokens)
+            timer = self.ctx.metrics.timer(self.kind) if self.ctx.metrics is not None else None
+            handle = self.ctx.runtime.generate(ids, sp, rid=rid, detokenizer=detok, session=session)
+        except BaseException:
+            if session is not None and rid is not None:
+                task = asyncio.ensure_future(self.ctx.runtime.session(SessionEnd(session, rid, submitted=False)))
+                _BACKGROUND.add(task)
+                task.add_done_callback(_BACKGROUND.discard)
+            raise
         job = Job(len(self.jobs), handle, timer)
         self.jobs.append(job)
         return job

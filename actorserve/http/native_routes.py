@@ -18,7 +18,8 @@ from typing import Any
 from aiohttp import web
 
 from . import sse
-from .generation import Job, RequestGroup, check_accepting
+from .errors import APIError
+from .generation import Job, RequestGroup, check_accepting, session_prompt, session_rid
 from .schemas import DetokenizeRequest, GenerateRequest, TokenizeRequest, read_json
 from .state import CTX
 
@@ -48,8 +49,17 @@ async def generate(request: web.Request) -> web.StreamResponse:
         ns = body.params_for(i, len(prompts))
         params.append(ns.to_params(128, logprobs=body.return_logprob, top=body.top_logprobs_num))
     batch = batch or any(sp.n > 1 for sp in params)
+    sess = body.session_params
+    if sess is not None and (batch or not isinstance(body.rid, (str, type(None)))):
+        raise APIError(400, "session_params takes one input with n = 1", param="session_params")
     async with group:
+        if sess is not None:
+            rid = session_rid(body.rid if isinstance(body.rid, str) else None)
+            ids = await session_prompt(ctx, sess, prompts[0], rid)
+            group.submit(ids, params[0], rid=rid, session=sess.id)
         for i, (ids, sp) in enumerate(zip(prompts, params)):
+            if sess is not None:
+                break
             group.submit_n(ids, sp, rid=body.rid_for(i, len(prompts), batch))
         if not body.stream:
             outs = await group.collect_all()
@@ -133,8 +143,11 @@ async def server_info(request: web.Request) -> web.Response:
     cfg = _jsonable(ctx.config)
     if cfg.get("api_key"):
         cfg["api_key"] = "***"
+    rt = ctx.runtime
     return web.json_response({
-        "server_state": ctx.runtime.server_state, "served_model_name": ctx.served_name,
+        "server_state": rt.server_state, "server_reason": rt.control_actor.server.reason,
+        "watchdog": rt.watchdog.status() if rt.watchdog is not None else None,
+        "sessions": rt.sessions.describe(), "served_model_name": ctx.served_name,
         "scheduler": _jsonable(ctx.runtime.stats()), "config": cfg,
         "uptime_s": round(time.time() - ctx.created, 3) if ctx.created else None})
 

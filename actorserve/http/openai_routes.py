@@ -19,7 +19,8 @@ from aiohttp import web
 from ..messages import RequestOutput
 from . import sse
 from .errors import APIError
-from .generation import RequestGroup, check_accepting
+from .generation import RequestGroup, check_accepting, session_prompt, session_rid
+from .schemas import SessionParams
 from .schemas import ChatCompletionRequest, CompletionRequest, read_json
 from .state import CTX, ServerContext
 
@@ -87,11 +88,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_accepting(ctx)
     ids = ctx.tokenizer.apply_chat_template(body.messages)
     group = RequestGroup(ctx, "chat")
-    sp = body.sampling(group.default_max(ids))
+    sess = body.session_params or (SessionParams(id=body.session_id) if body.session_id else None)
+    if sess is not None and body.n != 1:
+        raise APIError(400, "a session request takes n = 1", param="n")
+    sp = body.sampling(group.default_max(ids))     # validates before a session is joined
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     async with group:
-        group.submit_n(ids, sp, rid=body.rid)
+        if sess is not None:   # the new messages' template extends the session's chain
+            rid = session_rid(body.rid)
+            ids = await session_prompt(ctx, sess, ids, rid)
+            group.submit(ids, body.sampling(group.default_max(ids)), rid=rid, session=sess.id)
+        else:
+            group.submit_n(ids, sp, rid=body.rid)
         if not body.stream:
             outs = await group.collect_all()
             _fail_if_error(outs)
@@ -200,6 +209,9 @@ async def list_models(request: web.Request) -> web.Response:
     data = [{"id": name, "object": "model", "created": ctx.created, "owned_by": "actorserve",
              "root": ctx.served_name, "max_model_len": info.max_model_len}
             for name in ctx.model_names()]
+    for pm in (ctx.extra.get("pooling") or {}).values():     # pooling models (embed, rerank, classify)
+        data.append({"id": pm.name, "object": "model", "created": ctx.created, "owned_by": "actorserve",
+                     "root": pm.name, "max_model_len": pm.max_tokens, "task": pm.target})
     return web.json_response({"object": "list", "data": data})
 
 

@@ -37,6 +37,15 @@ class StreamOptions(_Body):
     include_usage: StrictBool = False
 
 
+class SessionParams(_Body):
+    """SGLang's ``session_params``: continue a session's chain (see `actors.session`)."""
+    id: StrictStr
+    rid: StrictStr | None = None
+    offset: StrictInt | None = Field(default=None, ge=0)
+    replace: StrictBool = False
+    drop_previous_output: StrictBool = False
+
+
 class _OpenAICommon(_Body):
     model: StrictStr | None = None
     max_tokens: StrictInt | None = None
@@ -82,6 +91,8 @@ class _OpenAICommon(_Body):
 
 class ChatCompletionRequest(_OpenAICommon):
     messages: list[dict[str, Any]]
+    session_params: SessionParams | None = None
+    session_id: StrictStr | None = None          # shorthand for session_params {id}
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
 
@@ -156,6 +167,7 @@ class GenerateRequest(_Body):
     rid: StrictStr | list[StrictStr] | None = None
     return_logprob: StrictBool = False
     top_logprobs_num: StrictInt = 0
+    session_params: SessionParams | None = None
 
     def items(self) -> tuple[list[str | list[int]], bool]:
         """The prompts, and whether the request is a batch (list in, list out)."""
@@ -223,3 +235,13 @@ class PauseBody(_Body):
 
 class FlushBody(_Body):
     timeout_s: Number | None = Field(default=None, ge=0)
+
+
+class OpenSessionBody(_Body):
+    session_id: StrictStr | None = None
+    capacity_of_str_len: StrictInt | None = None
+    timeout: Number | None = None
+
+
+class CloseSessionBody(_Body):
+    session_id: StrictStr

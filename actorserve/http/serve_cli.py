@@ -23,6 +23,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=None)
     p.add_argument("--record", default=None, metavar="PATH", help="flight-recorder JSONL file")
+    p.add_argument("--embedding-model", default="embed", metavar="PATH",
+                   help='encoder for /v1/embeddings: "embed" (the embedded all-MiniLM-L6-v2, default), '
+                        'an HF folder, or "none"')
+    p.add_argument("--rerank-model", default=None, metavar="PATH",
+                   help="cross-encoder (*ForSequenceClassification) folder for /v1/rerank "
+                        "(default: decoder-only rerank on the generation model)")
+    p.add_argument("--classify-model", default=None, metavar="PATH",
+                   help="sequence classifier folder for /v1/classify "
+                        "(default: label tokens on the generation model)")
+    p.add_argument("--watchdog-timeout", type=float, default=None, metavar="SECONDS",
+                   help="mark the server unhealthy when work is pending and no model step "
+                        "completes for this long (default: off)")
     p.add_argument("--log-level", default="info")
 
 
@@ -35,8 +47,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key,
         model=ModelConfig(model=args.model, threads=args.threads, kv_blocks=args.kv_blocks,
-                          kv_memory_gb=args.kv_memory_gb, block_size=args.block_size),
-        scheduler=SchedulerConfig(batch=BatchConfig(**batch_kw)),
+                          kv_memory_gb=args.kv_memory_gb, block_size=args.block_size,
+                          embedding_model=None if str(args.embedding_model).lower() in ("none", "off", "")
+                          else args.embedding_model,
+                          rerank_model=args.rerank_model, classify_model=args.classify_model),
+        scheduler=SchedulerConfig(batch=BatchConfig(**batch_kw),
+                                  watchdog_timeout_s=getattr(args, "watchdog_timeout", None)),
         recorder=RecorderConfig(path=args.record))
 
 

@@ -41,6 +41,7 @@ class Built:
     tokenizer: Any
     served_name: str
     model_path: str
+    pool_models: Any = None            # target -> http.pooling.PoolModel (embed, rerank, classify)
 
 
 def kv_bytes_per_block(model_config: Any, block_size: int, dtype_bytes: int = 4) -> int:
@@ -79,13 +80,17 @@ def build_runtime(config: ServerConfig) -> Built:
     rc = config.recorder
     recorder = FlightRecorder(path=rc.path, capacity=rc.capacity, lifecycles=LIFECYCLES.values(),
                               max_bytes=rc.max_bytes, backups=rc.backups)
-    runtime = Runtime(engine, config=config.scheduler, recorder=recorder)
-    return Built(runtime, tokenizer, name, str(path))
+    from .pooling import load_pool_models
+    pool = load_pool_models(mc)
+    runtime = Runtime(engine, config=config.scheduler, recorder=recorder,
+                      pooling_engines={k: pm.engine for k, pm in pool.items()})
+    return Built(runtime, tokenizer, name, str(path), pool)
 
 
 def make_app(config: ServerConfig, built: Built | None = None) -> web.Application:
     built = built or build_runtime(config)
-    app = build_app(built.runtime, built.tokenizer, config, built.served_name)
+    app = build_app(built.runtime, built.tokenizer, config, built.served_name,
+                    pool_models=built.pool_models)
     from .state import CTX
     app[CTX].extra["model_path"] = built.model_path
     return app
@@ -95,7 +100,8 @@ async def _drain(runtime: Runtime, timeout_s: float) -> None:
     await runtime.control(ServerEvent("drain", "signal"))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while runtime.stats().live_requests and loop.time() < deadline:
+    while (runtime.stats().live_requests or any(s.live_requests for s in runtime.pool_stats().values())) \
+            and loop.time() < deadline:
         await asyncio.sleep(0.05)
 
 

@@ -1,0 +1,299 @@
+"""Pooling routes: `/v1/embeddings`, `/encode`, `/v1/score`, `/v1/rerank` (`/rerank`),
+`/v1/classify` (`/classify`).
+
+Every input becomes one pooling request (`PoolGroup`), routed by what is loaded:
+
+* embeddings -> the ``embed`` encoder (mean pooled, L2-normalised, ``dimensions`` truncates
+  and renormalises); the names ``default-embedding`` and the real one are accepted;
+* score -> the generation model, zero new tokens: probabilities of ``label_token_ids`` at the
+  next position after ``query + item`` (``item + query`` with ``item_first``);
+* rerank -> the ``rerank`` cross-encoder when ``--rerank-model`` is loaded, else decoder-only:
+  a judging prompt through the chat template, score ``p_yes / (p_yes + p_no)`` from the
+  next-token distribution of the generation model;
+* classify -> the ``classify`` sequence classifier when ``--classify-model`` is loaded, else a
+  classifier from label tokens on the generation model (default labels negative/positive).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import StrictBool, StrictInt, StrictStr
+
+from ..engine.params import ParamError, PoolingParams
+from .errors import APIError
+from .generation import check_accepting
+from .pooling import (
+    DEFAULT_EMBEDDING_ALIAS, PoolGroup, check_ids, label_head, loaded, pack_base64, require,
+    softmax, word_token_ids,
+)
+from .schemas import _Body, read_json
+from .state import CTX, ServerContext
+
+JUDGE_SYSTEM = ('Judge whether the Document answers the Query. Note that the answer can only be '
+                '"yes" or "no".')
+DEFAULT_LABELS = ("negative", "positive")
+MAX_INPUTS = 2048
+
+TextOrIds = StrictStr | list[StrictInt]
+
+
+class EmbeddingRequest(_Body):
+    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    model: StrictStr | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = None
+    user: StrictStr | None = None
+
+
+class EncodeRequest(_Body):
+    text: StrictStr | list[StrictStr] | None = None
+    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+
+
+class ScoreRequest(_Body):
+    query: TextOrIds
+    items: TextOrIds | list[TextOrIds]
+    label_token_ids: list[StrictInt]
+    apply_softmax: StrictBool = False
+    item_first: StrictBool = False
+    model: StrictStr | None = None
+
+
+class RerankRequest(_Body):
+    query: StrictStr
+    documents: list[StrictStr | dict[str, Any]]
+    top_n: StrictInt | None = None
+    return_documents: StrictBool = True
+    model: StrictStr | None = None
+
+
+class ClassifyRequest(_Body):
+    input: StrictStr | list[StrictStr]
+    model: StrictStr | None = None
+    labels: list[StrictStr] | None = None      # label words for the label-token classifier
+
+
+def _usage(n: int) -> dict[str, int]:
+    return {"prompt_tokens": n, "total_tokens": n}
+
+
+def _count(inputs: list[Any]) -> None:
+    if not inputs:
+        raise APIError(400, "the input is empty")
+    if len(inputs) > MAX_INPUTS:
+        raise APIError(400, f"at most {MAX_INPUTS} inputs per request, got {len(inputs)}")
+
+
+# -- embeddings --------------------------------------------------------------------------------
+def _embed_inputs(raw: Any) -> list[str | list[int]]:
+    if isinstance(raw, str):
+        return [raw]
+    if raw and all(isinstance(x, int) for x in raw):
+        return [list(raw)]
+    return list(raw)
+
+
+async def _embed(ctx: ServerContext, inputs: list[str | list[int]], dimensions: int | None,
+                 what: str) -> tuple[list[list[float]], int, str]:
+    pm = require(ctx, "embed", what)
+    _count(inputs)
+    ids = [pm.encode(x) if isinstance(x, str) else x for x in inputs]
+    for one in ids:
+        check_ids(one, pm.engine.info.vocab_size, pm.max_tokens)
+    params = PoolingParams(task="embed", normalize=True, dimensions=dimensions)
+    check_accepting(ctx)
+    async with PoolGroup(ctx, "embeddings") as group:
+        for one in ids:
+            group.submit(one, params, target="embed", head=lambda v: v.tolist())
+        vecs = await group.results()
+    return vecs, sum(len(x) for x in ids), pm.name
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = EmbeddingRequest.model_validate(await read_json(request))
+    pm = require(ctx, "embed", "/v1/embeddings")
+    if body.model not in (None, "", pm.name, DEFAULT_EMBEDDING_ALIAS):
+        raise APIError(404, f"the model {body.model!r} does not exist; embeddings are served by "
+                            f"{pm.name!r} (also {DEFAULT_EMBEDDING_ALIAS!r})", code="model_not_found")
+    if body.dimensions is not None and body.dimensions < 1:
+        raise ParamError(f"dimensions must be >= 1, got {body.dimensions}")
+    vecs, n, name = await _embed(ctx, _embed_inputs(body.input), body.dimensions, "/v1/embeddings")
+    data = [{"object": "embedding", "index": i,
+             "embedding": pack_base64(v) if body.encoding_format == "base64" else v}
+            for i, v in enumerate(vecs)]
+    return web.json_response({"object": "list", "data": data, "model": body.model or name,
+                              "usage": _usage(n)})
+
+
+async def encode(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = EncodeRequest.model_validate(await read_json(request))
+    if (body.text is None) == (body.input_ids is None):
+        raise ParamError("exactly one of text or input_ids is required")
+    raw = body.text if body.text is not None else body.input_ids
+    batch = isinstance(raw, list) and not (raw and all(isinstance(x, int) for x in raw))
+    inputs = _embed_inputs(raw)
+    vecs, _, _ = await _embed(ctx, inputs, None, "/encode")
+    out = [{"embedding": v, "meta_info": {"prompt_tokens": None}} for v in vecs]
+    return web.json_response(out if batch else out[0])
+
+
+# -- score ---------------------------------------------------------------------------------------
+def _gen_ids(ctx: ServerContext, x: str | list[int], special: bool) -> list[int]:
+    return ctx.tokenizer.encode(x, add_special_tokens=special) if isinstance(x, str) else list(x)
+
+
+async def _next_token(ctx: ServerContext, prompts: list[list[int]], groups: list[list[int]],
+                      task: str) -> list[list[float]]:
+    """For each prompt, the log-probability of each group of next tokens (generation model)."""
+    info = ctx.runtime.engine.info
+    for ids in prompts:
+        check_ids(ids, info.vocab_size, ctx.capacity - 1)
+    params = PoolingParams(task=task)
+    head = label_head(groups)
+    check_accepting(ctx)
+    async with PoolGroup(ctx, task) as group:
+        for ids in prompts:
+            group.submit(ids, params, target=None, head=head)
+        return await group.results()
+
+
+async def score(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = ScoreRequest.model_validate(await read_json(request))
+    items = body.items
+    if isinstance(items, str) or (items and all(isinstance(x, int) for x in items)):
+        items = [items]
+    _count(list(items))
+    if not body.label_token_ids:
+        raise ParamError("label_token_ids must not be empty")
+    vocab = ctx.runtime.engine.info.vocab_size
+    bad = next((t for t in body.label_token_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"label token id {bad} is out of range [0, {vocab})", param="label_token_ids")
+    prompts = []
+    for item in items:
+        first, second = (item, body.query) if body.item_first else (body.query, item)
+        prompts.append(_gen_ids(ctx, first, True) + _gen_ids(ctx, second, False))
+    rows = await _next_token(ctx, prompts, [[t] for t in body.label_token_ids], "score")
+    scores = [softmax(r) if body.apply_softmax else [math.exp(v) for v in r] for r in rows]
+    return web.json_response({"scores": scores, "model": ctx.served_name, "object": "scoring",
+                              "usage": _usage(sum(len(p) for p in prompts))})
+
+
+# -- rerank --------------------------------------------------------------------------------------
+def _doc_text(doc: str | dict[str, Any]) -> str:
+    if isinstance(doc, str):
+        return doc
+    text = doc.get("text")
+    if not isinstance(text, str):
+        raise ParamError("each document must be a string or an object with a string 'text'")
+    return text
+
+
+async def rerank(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = RerankRequest.model_validate(await read_json(request))
+    docs = [_doc_text(d) for d in body.documents]
+    _count(docs)
+    if body.top_n is not None and body.top_n < 1:
+        raise ParamError(f"top_n must be >= 1, got {body.top_n}")
+    cross = loaded(ctx, "rerank")
+    if cross is not None:
+        pairs = [cross.encode(body.query, d) for d in docs]
+        check_accepting(ctx)
+        async with PoolGroup(ctx, "rerank") as group:
+            for ids in pairs:
+                group.submit(ids, PoolingParams(task="rerank"), target="rerank",
+                             head=lambda p: float(p[-1]))
+            scores = await group.results()
+        name, tokens = cross.name, sum(len(p) for p in pairs)
+    else:
+        yes, no = word_token_ids(ctx, ["yes"]), word_token_ids(ctx, ["no"])
+        if not yes or not no:
+            raise APIError(400, "the generation model's vocabulary has no single 'yes'/'no' token; "
+                                f"load a cross-encoder with --rerank-model PATH")
+        prompts = [ctx.tokenizer.apply_chat_template(
+            [{"role": "system", "content": JUDGE_SYSTEM},
+             {"role": "user", "content": f"<Query>: {body.query}\n<Document>: {d}\n"
+                                         "Does the Document answer the Query? Answer yes or no."}])
+            for d in docs]
+        rows = await _next_token(ctx, prompts, [yes, no], "rerank")
+        scores = [softmax(r)[0] for r in rows]
+        name, tokens = ctx.served_name, sum(len(p) for p in prompts)
+    order = sorted(range(len(docs)), key=lambda i: -scores[i])
+    if body.top_n is not None:
+        order = order[:body.top_n]
+    results = []
+    for i in order:
+        r: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+        if body.return_documents:
+            r["document"] = {"text": docs[i]}
+        results.append(r)
+    return web.json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": body.model or name,
+                              "results": results, "usage": {"total_tokens": tokens, "prompt_tokens": tokens}})
+
+
+# -- classify ------------------------------------------------------------------------------------
+def _classify_prompt(ctx: ServerContext, text: str, labels: list[str]) -> list[int]:
+    return ctx.tokenizer.apply_chat_template([
+        {"role": "system", "content": "You classify texts. Answer with one word: "
+                                      + " or ".join(labels) + "."},
+        {"role": "user", "content": f"Text: {text}\nIs the sentiment of this text "
+                                    + " or ".join(labels) + "?"}])
+
+
+async def classify(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = ClassifyRequest.model_validate(await read_json(request))
+    texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    _count(texts)
+    clf = loaded(ctx, "classify")
+    if clf is not None and body.labels is None:
+        ids = [clf.encode(t) for t in texts]
+        check_accepting(ctx)
+        async with PoolGroup(ctx, "classify") as group:
+            for one in ids:
+                group.submit(one, PoolingParams(task="classify"), target="classify",
+                             head=lambda p: p.tolist())
+            probs = await group.results()
+        labels, name, tokens = list(clf.engine.labels), clf.name, sum(len(x) for x in ids)
+    else:
+        labels = list(body.labels or DEFAULT_LABELS)
+        if len(labels) < 2:
+            raise ParamError("labels needs at least two label words")
+        groups = [word_token_ids(ctx, [w]) for w in labels]
+        flat = [t for g in groups for t in g]
+        if any(not g for g in groups) or len(flat) != len(set(flat)):
+            raise APIError(400, "each label word must have its own single-token spelling in the "
+                                "generation model's vocabulary; or load --classify-model PATH",
+                           param="labels")
+        prompts = [_classify_prompt(ctx, t, labels) for t in texts]
+        rows = await _next_token(ctx, prompts, groups, "classify")
+        probs = [softmax(r) for r in rows]
+        name, tokens = ctx.served_name, sum(len(p) for p in prompts)
+    data = []
+    for i, p in enumerate(probs):
+        best = max(range(len(p)), key=lambda k: p[k])
+        data.append({"index": i, "label": labels[best] if best < len(labels) else str(best),
+                     "probs": p, "num_classes": len(p)})
+    return web.json_response({"id": f"classify-{uuid.uuid4().hex}", "object": "list",
+                              "created": int(time.time()), "model": body.model or name,
+                              "data": data, "usage": _usage(tokens)})
+
+
+ROUTES = [
+    web.post("/v1/embeddings", embeddings),
+    web.post("/encode", encode),
+    web.post("/v1/score", score),
+    web.post("/v1/rerank", rerank),
+    web.post("/rerank", rerank),
+    web.post("/v1/classify", classify),
+    web.post("/classify", classify),
+]
