@@ -24,6 +24,9 @@ class SchedulerConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     step_in_thread: bool = True         # run the model step in a worker thread (off the loop)
     watchdog_timeout_s: float | None = None   # unhealthy after this long without a step; None = off
+    # Pooling schedulers only: when an idle encoder would start a step with fewer inputs than it
+    # can take, wait this long for more to arrive (a batching window, like Triton's queue delay).
+    pool_batch_wait_s: float = 0.005
 
 
 @dataclass(frozen=True, slots=True)

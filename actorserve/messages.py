@@ -165,6 +165,11 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchWindowClosed:
+    """The scheduler's batching window ran out: start the step with what has arrived."""
+
+
+@dataclass(frozen=True, slots=True)
 class StepDone:
     step: int
     batch: list[tuple[Any, int]]

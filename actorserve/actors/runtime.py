@@ -52,7 +52,7 @@ def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig) -> Scheduler
     info = engine.info
     bm = BlockManager(info.num_blocks, info.block_size, enable_prefix_cache=False)
     return SchedulerActor(engine, batch=batch, block_manager=bm, step_in_thread=cfg.step_in_thread,
-                          name=f"scheduler:{key}")
+                          name=f"scheduler:{key}", batch_wait_s=cfg.pool_batch_wait_s)
 
 
 class DuplicateRequestId(ValueError):

@@ -28,7 +28,7 @@ from ..engine.base import Engine
 from ..engine.batching import BatchConfig, BatchPolicy
 from ..engine.block_manager import BlockManager
 from ..messages import (
-    Abort, Aborted, Continue, ControlResult, Failed, Flush, FlushTimeout, Pause, Paused,
+    Abort, Aborted, BatchWindowClosed, Continue, ControlResult, Failed, Flush, FlushTimeout, Pause, Paused,
     PoolOut, PrefillProgress, Progress, ProgressQuery, Release, Resumed, Retracted, Scheduled,
     StepDone, Submit, TokenOut,
 )
@@ -59,9 +59,12 @@ class SchedulerActor(Actor):
 
     def __init__(self, engine: Engine, *, batch: BatchConfig | None = None,
                  block_manager: BlockManager | None = None, step_in_thread: bool = True,
-                 name: str = "scheduler") -> None:
+                 name: str = "scheduler", batch_wait_s: float = 0.0) -> None:
         super().__init__(name)
         self.engine = engine
+        self.batch_wait_s = batch_wait_s     # batching window of an idle scheduler (0 = none)
+        self._window: Any = None             # the open window's timer
+        self._window_closed = False
         info = engine.info
         self.bm = block_manager or BlockManager(info.num_blocks, info.block_size)
         self.policy = BatchPolicy(batch)
@@ -232,6 +235,9 @@ class SchedulerActor(Actor):
                 w.set_result(self._do_flush())
         if self.paused_mode is not None:
             return
+        if self._hold_for_batch():
+            return
+        self._window_closed = False
         plan = self.policy.plan(self.running, [self.probe_lane, self.lane], self.bm)
         for seq in plan.retracted:
             self.actors[seq.rid].tell(Retracted(seq.rid))
@@ -252,6 +258,32 @@ class SchedulerActor(Actor):
         run = self.system.run_in_thread if self.step_in_thread else self.system.run_inline
         run(self, self.engine.execute, batch,
             wrap=lambda res, err: StepDone(step, batch, res, err))
+
+    def _hold_for_batch(self) -> bool:
+        """With a batching window: an idle scheduler whose next step would be part-empty waits
+        `batch_wait_s` for more arrivals (throughput of small encoder forwards). The timer counts
+        as outstanding work for `quiesce`. Probes never wait."""
+        if not self.batch_wait_s or self._window_closed or self.probe_lane or not self.lane:
+            return False
+        if self.running or len(self.lane) >= self.policy.config.max_num_seqs:
+            return False
+        if self._window is None:
+            sysm = self.system
+            assert sysm is not None
+            sysm._inc()
+
+            def close() -> None:
+                self._window = None        # fired: on_stop has nothing to cancel any more
+                if self.alive:
+                    self.tell(BatchWindowClosed())
+                sysm._dec()
+
+            self._window = sysm.clock.call_later(self.batch_wait_s, close)
+        return True
+
+    @handles(BatchWindowClosed)
+    def _window_done(self, msg: BatchWindowClosed) -> None:
+        self._window_closed = True      # the step starts when this turn drains
 
     def _fail_unfittable(self) -> None:
         """Nothing runs and the head of the queue still does not fit: it never will."""
@@ -345,6 +377,11 @@ class SchedulerActor(Actor):
             generated_tokens=self.generated_tokens, prompt_tokens=self.prompt_tokens)
 
     def on_stop(self) -> None:
+        if self._window is not None:        # an open batching window no longer owes a step
+            self._window.cancel()
+            self._window = None
+            assert self.system is not None
+            self.system._dec()
         for rid in list(self.seqs):
             actor = self._drop(rid)
             if actor is not None and actor.alive:
