@@ -46,6 +46,7 @@ class ServerConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     recorder: RecorderConfig = field(default_factory=RecorderConfig)
+    debug_routes: bool = False          # /debug/* live inspection (requests, events, diagrams)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:

@@ -31,7 +31,8 @@ def load_tiny() -> tuple[Any, Any, Any]:
 
 @contextlib.asynccontextmanager
 async def serve(tiny: tuple[Any, Any, Any], *, api_key: str | None = None, kv_blocks: int = 64,
-                max_body_bytes: int = 8 << 20, name: str = NAME) -> AsyncIterator[tuple[TestClient, Runtime]]:
+                max_body_bytes: int = 8 << 20, name: str = NAME,
+                debug_routes: bool = False) -> AsyncIterator[tuple[TestClient, Runtime]]:
     from actorserve.engine.runner import build_engine
 
     model, hf_tok, tok = tiny
@@ -39,7 +40,7 @@ async def serve(tiny: tuple[Any, Any, Any], *, api_key: str | None = None, kv_bl
     rt = Runtime(engine, config=SchedulerConfig(batch=BatchConfig(), step_in_thread=True),
                  recorder=FlightRecorder(capacity=100_000, lifecycles=LIFECYCLES.values()))
     config = ServerConfig(api_key=api_key, max_body_bytes=max_body_bytes,
-                          model=ModelConfig(model="tiny", kv_blocks=kv_blocks))
+                          model=ModelConfig(model="tiny", kv_blocks=kv_blocks), debug_routes=debug_routes)
     app = build_app(rt, tok, config, name)
     async with TestServer(app, host="127.0.0.1", port=0, handler_cancellation=True) as server:
         async with TestClient(server) as client:

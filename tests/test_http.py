@@ -115,7 +115,7 @@ async def test_client_disconnect_aborts_and_frees_kv(tiny):
 
 
 async def test_pause_continue_flush_abort(tiny):
-    async with serve(tiny) as (http, rt):
+    async with serve(tiny, debug_routes=True) as (http, rt):
         assert (await (await http.get("/is_paused")).json())["is_paused"] is False
         r = await http.post("/pause_generation", json={"mode": "in_place"})
         assert r.status == 200, await r.text()

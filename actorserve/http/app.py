@@ -2,7 +2,8 @@
 
 One route table (OpenAI, native, control, metrics), two middlewares (errors outermost, then
 auth: with an API key every route but `/health` needs ``Authorization: Bearer KEY``), the body
-limit from ``config.max_body_bytes``, and typed app state under `CTX`. The runtime is started
+limit from ``config.max_body_bytes``, and typed app state under `CTX`. The live-inspection routes (`/debug/*`, see `debug_routes`)
+exist only with ``config.debug_routes``. The runtime is started
 and shut down in a ``cleanup_ctx`` step, so the app owns its lifetime.
 """
 
@@ -17,7 +18,7 @@ from aiohttp import web
 from ..actors.runtime import Runtime
 from ..config import ServerConfig
 from ..engine.tokenizer import TextTokenizer
-from . import control_routes, native_routes, openai_routes, pooling_routes
+from . import control_routes, debug_routes, native_routes, openai_routes, pooling_routes
 from .errors import APIError, error_middleware, error_response
 from .metrics import Metrics, metrics_handler
 from .state import CTX, ServerContext
@@ -62,6 +63,8 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
     app.router.add_routes(pooling_routes.ROUTES)
     app.router.add_routes(openai_routes.ROUTES + native_routes.ROUTES + control_routes.ROUTES
                           + [web.get("/metrics", metrics_handler)])
+    if config.debug_routes:
+        debug_routes.setup(app)
     if own_runtime:
         app.cleanup_ctx.append(_runtime_lifetime)
     return app

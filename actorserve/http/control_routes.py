@@ -1,6 +1,6 @@
 """Control routes: `/abort_request`, `/pause_generation`, `/continue_generation`, `/is_paused`,
-`/flush_cache`, `/open_session`, `/close_session`, and the debug diagrams
-`/debug/diagram/{kind}?format=mermaid|svg`; `/health_generate` lives in `health_routes`.
+`/flush_cache`, `/open_session`, `/close_session`; `/health_generate` lives in `health_routes`
+and the debug diagrams (`/debug/diagram/{kind}`) in `debug_routes`.
 
 `/open_session` answers the session id as a JSON string, as SGLang does.
 
@@ -18,8 +18,6 @@ from aiohttp import web
 from ..messages import (
     AbortRequest, CloseSession, ContinueGeneration, ControlResult, FlushCache, OpenSession, PauseGeneration,
 )
-from ..statemachines import LIFECYCLES
-from ..statemachines.diagram import to_mermaid, to_svg
 from .errors import APIError
 from . import health_routes
 from .schemas import AbortBody, CloseSessionBody, FlushBody, OpenSessionBody, PauseBody, read_json
@@ -85,19 +83,6 @@ async def close_session(request: web.Request) -> web.Response:
     return _answer(await request.app[CTX].runtime.control(CloseSession(body.session_id)))
 
 
-async def diagram(request: web.Request) -> web.Response:
-    kind = request.match_info["kind"]
-    lc = LIFECYCLES.get(kind)
-    if lc is None:
-        raise APIError(404, f"unknown lifecycle {kind!r}; known: {', '.join(LIFECYCLES)}", code="not_found")
-    fmt = request.query.get("format", "mermaid")
-    if fmt == "mermaid":
-        return web.Response(text=to_mermaid(lc), content_type="text/plain")
-    if fmt == "svg":
-        return web.Response(text=to_svg(lc), content_type="image/svg+xml")
-    raise APIError(400, f"format must be mermaid or svg, got {fmt!r}", param="format")
-
-
 ROUTES = [
     web.post("/abort_request", abort_request),
     web.post("/pause_generation", pause_generation),
@@ -106,5 +91,4 @@ ROUTES = [
     web.post("/flush_cache", flush_cache),
     web.post("/open_session", open_session),
     web.post("/close_session", close_session),
-    web.get("/debug/diagram/{kind}", diagram),
 ] + health_routes.ROUTES

@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watchdog-timeout", type=float, default=None, metavar="SECONDS",
                    help="mark the server unhealthy when work is pending and no model step "
                         "completes for this long (default: off)")
+    p.add_argument("--debug-routes", action="store_true",
+                   help="enable /debug/requests/{rid}, /debug/events (SSE) and /debug/diagram/{kind} "
+                        "(behind --api-key when one is set)")
     p.add_argument("--log-level", default="info")
 
 
@@ -53,7 +56,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                           rerank_model=args.rerank_model, classify_model=args.classify_model),
         scheduler=SchedulerConfig(batch=BatchConfig(**batch_kw),
                                   watchdog_timeout_s=getattr(args, "watchdog_timeout", None)),
-        recorder=RecorderConfig(path=args.record))
+        recorder=RecorderConfig(path=args.record),
+        debug_routes=bool(getattr(args, "debug_routes", False)))
 
 
 def run(args: argparse.Namespace) -> int:

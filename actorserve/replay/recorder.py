@@ -22,6 +22,10 @@ path) and, when a path is given, are appended to a JSONL file. The file opens wi
 `{"header": ...}` line that holds the lifecycle definitions the run used, so replay can
 tell a history recorded under other definitions. Files rotate at `max_bytes` (`PATH`,
 `PATH.1`, ...), each new file starting with its own header.
+
+Live listeners (the ``/debug/events`` stream) `subscribe(callback)`: each new event is handed to
+every callback as an `Event`, synchronously, right after it is recorded. With no subscriber the
+hot path costs one falsy check (within noise of before); a callback that raises is dropped.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import json
 import os
 from collections import deque
 from dataclasses import dataclass
-from typing import IO, Any, Iterable
+from typing import IO, Any, Callable, Iterable
 
 from ..actors.clock import Clock, LoopClock
 
@@ -80,6 +84,7 @@ class FlightRecorder:
         self._flush_every = flush_every
         self._file: IO[str] | None = None
         self._written = 0
+        self._subscribers: list[Callable[[Event], None]] = []
         if self.path is not None:
             self._open()
 
@@ -87,14 +92,34 @@ class FlightRecorder:
     def _add(self, rid: str | None, kind: str, event: str, src: str | None, dst: str | None,
              ok: bool, error: str | None, cause: int | None, defn: str | None,
              data: dict[str, Any] | None) -> int:
-        self.seq += 1
-        ev = (self.seq, self.clock.now_ns(), rid, kind, event, src, dst, ok, error, cause, defn, data)
+        seq = self.seq = self.seq + 1
+        ev = (seq, self.clock.now_ns(), rid, kind, event, src, dst, ok, error, cause, defn, data)
         self.ring.append(ev)
         if self._file is not None:
             self._pending.append(ev)
             if len(self._pending) >= self._flush_every:
                 self.flush()
-        return self.seq
+        if self._subscribers:          # one falsy check when nobody listens
+            self._publish(ev)
+        return seq
+
+    # -- live subscribers -------------------------------------------------------------------------
+    def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
+        """Call `callback(event)` for every event recorded from now on; returns `unsubscribe`."""
+        self._subscribers = [*self._subscribers, callback]     # copy: safe while publishing
+
+        def unsubscribe() -> None:
+            self._subscribers = [c for c in self._subscribers if c is not callback]
+
+        return unsubscribe
+
+    def _publish(self, ev: tuple) -> None:
+        event = Event(*ev)
+        for cb in self._subscribers:
+            try:
+                cb(event)
+            except Exception:          # a broken listener must never break recording
+                self._subscribers = [c for c in self._subscribers if c is not cb]
 
     def message(self, actor: str, message: Any) -> None:
         """A message is being handled by `actor`; what its handler does is caused by it."""
