@@ -205,5 +205,5 @@ class ControlActor(Actor):
         if msg.event == "recover" and self.server.pause_mode:
             self._server_fire("pause")        # recovered into the pause the scheduler holds
         elif msg.event in ("resume", "recover", "ready", "drain", "stop"):
-            self.server.pause_mode = None if self.server.state is not ServerState.paused else self.server.pause_mode
+            self.server.pause_mode = None     # none of these lands in `paused`
         return ControlResult(True, self.server.label)
