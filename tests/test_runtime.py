@@ -12,7 +12,7 @@ from actorserve.actors.runtime import DuplicateRequestId
 from actorserve.engine.batching import BatchConfig
 from actorserve.engine.fake import FakeDetokenizer, FakeEngine
 from actorserve.engine.params import PoolingParams, SamplingParams
-from actorserve.messages import AbortRequest, ContinueGeneration, FlushCache, PauseGeneration
+from actorserve.messages import AbortRequest, ContinueGeneration, FlushCache, PauseGeneration, Release
 from actorserve.replay.check import check
 
 from runtime_helpers import assert_nothing_held, make_runtime
@@ -170,6 +170,29 @@ async def test_pause_abort_ends_everything_in_flight():
     assert not (await rt.control(PauseGeneration("in_place"))).ok   # already paused
     await rt.control(ContinueGeneration())
     await rt.quiesce()
+    assert_nothing_held(rt)
+    await rt.shutdown()
+
+
+async def test_a_request_actor_that_ended_on_its_own_is_never_told_again():
+    """Found by the re-execution chaos run: an actor that ended on its own (a stop string) stops
+    before the scheduler handles its `Release`. A `Continue` from in_place, or the next step's
+    token, must not be sent to it (it used to raise `ActorDeadError` inside the handler and
+    leave every other paused request without its `Resumed`)."""
+    rt, engine, rec, clock = await make_runtime()
+    gone = rt.generate([3, 1, 4], SamplingParams(max_new_tokens=20, ignore_eos=True))
+    other = rt.generate([2, 7], SamplingParams(max_new_tokens=20, ignore_eos=True))
+    pause = rt.control(PauseGeneration("in_place"))
+    await rt.quiesce()
+    assert (await pause).ok and gone.actor.state.name == "paused"
+    gone.actor.stop()                       # ended; its Release is still on the way
+    res = await rt.control(ContinueGeneration())
+    assert res.ok, res
+    await rt.quiesce()
+    assert other.actor.alive is False and (await other.stream.final()).finish_reason == "length"
+    rt.scheduler.tell(Release(gone.rid, "stop"))
+    await rt.quiesce()
+    assert rt.system.failures == []
     assert_nothing_held(rt)
     await rt.shutdown()
 

@@ -170,13 +170,13 @@ class SchedulerActor(Actor):
         elif mode == "retract":
             for seq in self.running:
                 self.bm.free(seq)
-                self.actors[seq.rid].tell(Retracted(seq.rid))
+                self._tell(seq.rid, Retracted(seq.rid))
             self.lane.extendleft(reversed(self.running))
             self.running.clear()
         else:  # a pooling forward has no paused state: it just is not stepped until continue
             for seq in self.running:
                 if seq.pooling is None:
-                    self.actors[seq.rid].tell(Paused(seq.rid))
+                    self._tell(seq.rid, Paused(seq.rid))
         return ControlResult(True, f"paused ({mode})", {"mode": mode, "affected": n})
 
     @handles(Continue)
@@ -191,7 +191,7 @@ class SchedulerActor(Actor):
         if mode == "in_place":
             for seq in self.running:
                 if seq.pooling is None:
-                    self.actors[seq.rid].tell(Resumed(seq.rid))
+                    self._tell(seq.rid, Resumed(seq.rid))
         return ControlResult(True, "continued" if mode else "was not paused", {"was": mode})
 
     @property
@@ -240,10 +240,10 @@ class SchedulerActor(Actor):
         self._window_closed = False
         plan = self.policy.plan(self.running, [self.probe_lane, self.lane], self.bm)
         for seq in plan.retracted:
-            self.actors[seq.rid].tell(Retracted(seq.rid))
+            self._tell(seq.rid, Retracted(seq.rid))
         self.lane.extendleft(plan.retracted)
         for seq, cached in plan.admitted:
-            self.actors[seq.rid].tell(Scheduled(seq.rid, cached))
+            self._tell(seq.rid, Scheduled(seq.rid, cached))
         if not plan.batch:
             self._fail_unfittable()
             return
@@ -328,8 +328,17 @@ class SchedulerActor(Actor):
             if not fut.done():
                 fut.set_result(res)
 
+    def _tell(self, rid: str, message: Any) -> None:
+        """Tell a request actor, unless it has already stopped: an actor that ended on its own
+        (a stop string, its own failure) has a `Release` on the way that frees its sequence."""
+        actor = self.actors.get(rid)
+        if actor is not None and actor.alive:
+            actor.tell(message)
+
     def _route(self, seq: Any, out: Any) -> None:
         actor = self.actors[seq.rid]
+        if not actor.alive:
+            return          # ended on its own; its `Release` frees the sequence
         if seq.pooling is not None:
             if out.pooled is None:
                 actor.tell(PrefillProgress(seq.rid, seq.num_computed))
