@@ -180,7 +180,8 @@ class Actor:
                 box.processed += 1
                 if reply is not None and not reply.done():
                     if isinstance(result, asyncio.Future):
-                        _chain(result, reply)
+                        assert self.system is not None
+                        self.system.chain(result, reply)
                     else:
                         reply.set_result(result)
         if recorder is not None:
@@ -209,16 +210,3 @@ class Actor:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.phase.value}>"
 
-
-def _chain(src: asyncio.Future[Any], dst: asyncio.Future[Any]) -> None:
-    def done(f: asyncio.Future[Any]) -> None:
-        if dst.done():
-            return
-        if f.cancelled():
-            dst.cancel()
-        elif f.exception() is not None:
-            dst.set_exception(f.exception())  # type: ignore[arg-type]
-        else:
-            dst.set_result(f.result())
-
-    src.add_done_callback(done)

@@ -123,8 +123,9 @@ class ControlActor(Actor):
             CONTROL.fire(rec, "wait", observer=self._rec)
             assert self.system is not None
             sched = self.scheduler
-            self.system.clock.call_later(
-                msg.timeout_s or 0.0, lambda: sched.tell(FlushTimeout()) if sched.alive else None)
+            self.system.call_later(msg.timeout_s or 0.0,
+                                   lambda: sched.tell(FlushTimeout()) if sched.alive else None,
+                                   f"{rec.rid}:flush_timeout")
         return reply
 
     @handles(OpenSession, CloseSession)

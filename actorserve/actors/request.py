@@ -221,6 +221,9 @@ class GenerationActor(RequestActor):
         stopped = self.detok is not None and getattr(self.detok, "stopped", None)
         if stopped and finish is None:
             finish = "stop"
+            rec = self.system.recorder if self.system is not None else None
+            if rec is not None:    # the detokenizer's verdict: re-execution plays it back
+                rec.note("detok", "stop_string", rid=self.rid)
             self.scheduler.tell(Release(self.rid, "stop"))
         lp = [(msg.token_id, msg.logprob, msg.top_logprobs)] if self.want_logprobs else None
         if finish is None:

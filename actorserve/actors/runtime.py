@@ -16,22 +16,30 @@ classify-from-label-tokens: a forward with zero new tokens). Abort (`abort`, and
 generation-only: they exist for the generation model's KV and weights, and an encoder has
 neither, so embeddings keep flowing while generation is paused.
 
-The HTTP layer talks only to this class.
+The HTTP layer talks only to this class, and every call that reaches an actor is synchronous up
+to the point where its message is in a mailbox (the awaitable it returns only waits for the
+answer). With a recorder, each call is noted as an ``input`` event with what it carried (the
+prompt ids, the parameters, the rid chosen), so `actorserve replay --reexecute` can feed the
+same inputs through the same actors at the same points; `begin` notes the set-up (engines'
+geometry, batch limits) first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from ..config import SchedulerConfig
 from ..engine.base import Engine
 from ..engine.params import PoolingParams, SamplingParams
 from ..engine.sequence import Sequence
-from ..messages import Abort, AbortRequest, ControlResult, ServerEvent, SessionEnd, Submit
+from ..messages import (
+    Abort, AbortRequest, ControlResult, HealthDone, OpenSession, ServerEvent, SessionEnd, Submit,
+)
 from ..statemachines import LIFECYCLES, ServerState
 from .actor import Actor
 from .clock import Clock
@@ -53,6 +61,11 @@ def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig) -> Scheduler
     bm = BlockManager(info.num_blocks, info.block_size, enable_prefix_cache=False)
     return SchedulerActor(engine, batch=batch, block_manager=bm, step_in_thread=cfg.step_in_thread,
                           name=f"scheduler:{key}", batch_wait_s=cfg.pool_batch_wait_s)
+
+
+def fields_of(obj: Any) -> dict[str, Any]:
+    """A parameters / message dataclass as a plain dict (shallow: fast on the request path)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
 class DuplicateRequestId(ValueError):
@@ -94,10 +107,15 @@ class Runtime:
     def clock(self) -> Clock:
         return self.system.clock
 
-    async def start(self) -> None:
-        """Spawn the long-lived actors; the server lifecycle goes `starting -> serving`."""
+    def begin(self) -> "asyncio.Future[Any]":
+        """Spawn the long-lived actors; the returned future resolves when the server lifecycle
+        has gone `starting -> serving`."""
         if self._started:
-            return
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(ControlResult(True, self.server_state))
+            return done
+        if self.recorder is not None:
+            self.recorder.input("runtime", data=self.setup())
         self.system.spawn(self.scheduler)
         self.system.spawn(self.control_actor)
         self.system.spawn(self.sessions)
@@ -106,7 +124,24 @@ class Runtime:
         for sched in self.pool_schedulers.values():
             self.system.spawn(sched)
         self._started = True
-        await self.control_actor.ask(ServerEvent("ready"))
+        return self.control_actor.ask(ServerEvent("ready"))
+
+    async def start(self) -> None:
+        await self.begin()
+
+    def setup(self) -> dict[str, Any]:
+        """What re-execution needs to rebuild this runtime around model stand-ins."""
+        def sched(s: SchedulerActor) -> dict[str, Any]:
+            return {"engine": fields_of(s.engine.info), "batch": fields_of(s.policy.config),
+                    "batch_wait_s": s.batch_wait_s, "prefix_cache": s.bm.enable_prefix_cache}
+        return {"generation": sched(self.scheduler),
+                "pooling": {key: sched(s) for key, s in self.pool_schedulers.items()},
+                "watchdog": None if self.watchdog is None else {
+                    "timeout": self.watchdog.timeout, "interval": self.watchdog.interval}}
+
+    def _input(self, event: str, rid: str | None = None, **data: Any) -> None:
+        if self.recorder is not None:
+            self.recorder.input(event, rid=rid, data=data)
 
     # -- requests ------------------------------------------------------------------------------
     def _rid(self, rid: str | None) -> str:
@@ -128,20 +163,26 @@ class Runtime:
         reserved `rid`; the request reports its output to the session when it ends."""
         rid = self._rid(rid)
         sp = sampling or SamplingParams()
+        if self.recorder is not None:
+            self._input("generate", rid, prompt=prompt_ids, sampling=fields_of(sp), probe=is_probe,
+                        session=session)
         seq = Sequence(rid, prompt_ids, sampling=sp, is_probe=is_probe, arrival=self.clock.now())
         actor = GenerationActor(rid, scheduler=self.scheduler, prompt_tokens=len(prompt_ids),
                                 detokenizer=detokenizer, logprobs=sp.logprobs, is_probe=is_probe,
                                 session=None if session is None else (self.sessions, session))
         return self._submit(actor, seq)
 
-    async def session(self, message: Any) -> ControlResult:
+    def session(self, message: Any) -> "asyncio.Future[ControlResult]":
         """Ask the session actor directly (`SessionBegin` when a request joins a session);
         `SessionEnd(submitted=False)` is told, for a begun request that was never submitted."""
+        self._input("session", op=type(message).__name__, args=fields_of(message))
         if isinstance(message, SessionEnd):
             if self.sessions.alive:
                 self.sessions.tell(message)
-            return ControlResult(True)
-        return await self.sessions.ask(message)
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(ControlResult(True))
+            return done
+        return self.sessions.ask(message)
 
     def pool(self, prompt_ids: list[int], pooling: PoolingParams | None = None, *,
              rid: str | None = None, head: Callable[[Any], Any] | None = None,
@@ -151,33 +192,52 @@ class Runtime:
             raise KeyError(f"no pooling engine {target!r} is loaded")
         sched = self.scheduler if target is None else self.pool_schedulers[target]
         rid = self._rid(rid)
-        seq = Sequence(rid, prompt_ids, pooling=pooling or PoolingParams(), is_probe=is_probe,
-                       arrival=self.clock.now())
+        pooling = pooling or PoolingParams()
+        if self.recorder is not None:
+            self._input("pool", rid, prompt=prompt_ids, pooling=fields_of(pooling), probe=is_probe,
+                        target=target)
+        seq = Sequence(rid, prompt_ids, pooling=pooling, is_probe=is_probe, arrival=self.clock.now())
         actor = PoolingActor(rid, scheduler=sched, prompt_tokens=len(prompt_ids),
                              head=head, is_probe=is_probe)
         return self._submit(actor, seq)
 
     def abort(self, rid: str, reason: str = "abort") -> None:
         """Abort one request now (e.g. its client disconnected); no-op if it already ended."""
+        self._input("abort", rid, reason=reason)
         if self.scheduler.alive:
             self.scheduler.tell(Abort(rid, reason=reason))
         for sched in self.pool_schedulers.values():
             if sched.alive:
                 sched.tell(Abort(rid, reason=reason))
 
-    async def control(self, message: Any) -> ControlResult:
+    def control(self, message: Any) -> Awaitable[ControlResult]:
+        """Hand a control request to the control actor; await the result."""
+        if isinstance(message, OpenSession) and not message.session_id:
+            message = dataclasses.replace(message, session_id=uuid.uuid4().hex)   # recorded below
+        self._input("control", op=type(message).__name__, args=fields_of(message))
         if isinstance(message, AbortRequest) and self.pool_schedulers and (message.rid or message.abort_all):
-            # Pooling schedulers apply the abort first; the control actor's record counts the
+            # Every scheduler gets the abort now; the control actor's record counts the
             # generation side, the answer counts both.
             msg = Abort(message.rid, message.prefix, message.abort_all)
-            pooled = sum([n for n in await asyncio.gather(
-                *(s.ask(msg) for s in self.pool_schedulers.values() if s.alive)) if isinstance(n, int)])
-            res = await self.control_actor.ask(message)
-            if res.ok and pooled:
-                n = int(res.detail.get("aborted", 0)) + pooled
-                res = ControlResult(True, f"aborted {n} request(s)", {**res.detail, "aborted": n})
-            return res
-        return await self.control_actor.ask(message)
+            pooled = [s.ask(msg) for s in self.pool_schedulers.values() if s.alive]
+            return asyncio.ensure_future(self._merge_abort(self.control_actor.ask(message), pooled))
+        return self.control_actor.ask(message)
+
+    @staticmethod
+    async def _merge_abort(main: "asyncio.Future[ControlResult]",
+                           pooled: list["asyncio.Future[Any]"]) -> ControlResult:
+        n_pooled = sum(n for n in await asyncio.gather(*pooled) if isinstance(n, int))
+        res = await main
+        if res.ok and n_pooled:
+            n = int(res.detail.get("aborted", 0)) + n_pooled
+            res = ControlResult(True, f"aborted {n} request(s)", {**res.detail, "aborted": n})
+        return res
+
+    def health_done(self, record: str, ok: bool, reason: str) -> None:
+        """A /health_generate's probe is over: close its control record."""
+        self._input("health_done", record=record, ok=ok, reason=reason)
+        if self.control_actor.alive:
+            self.control_actor.tell(HealthDone(record, ok, reason))
 
     # -- introspection -------------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
@@ -202,6 +262,7 @@ class Runtime:
 
     async def shutdown(self) -> None:
         """Drain is the server's job; this stops everything at once (pending replies fail)."""
+        self._input("shutdown")
         if self.control_actor.alive:
             if self.control_actor.server.state is not ServerState.draining:
                 await self.control_actor.ask(ServerEvent("drain", "shutdown"))

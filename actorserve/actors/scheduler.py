@@ -83,6 +83,9 @@ class SchedulerActor(Actor):
         self.generated_tokens = 0      # business traffic only: probes are not counted
         self.prompt_tokens = 0
         self.steps_done = 0            # completed model steps (the watchdog's progress signal)
+        # How a step runs: None = the system's worker thread (or inline); re-execution holds
+        # each step until the recording says it came back. Called (self, fn, batch, wrap=...).
+        self.runner: Any = None
 
     # -- admission -----------------------------------------------------------------------------
     @handles(Submit)
@@ -251,13 +254,24 @@ class SchedulerActor(Actor):
         self.inflight = {seq.rid: seq for seq, _ in plan.batch}
         rec = self.system.recorder if self.system is not None else None
         if rec is not None:
-            rec.note("step", "step", data={"step": self.step_id,
+            rec.note("step", "step", data={"sched": self.name, "step": self.step_id,
                                             "batch": [[s.rid, n] for s, n in plan.batch]})
         batch = plan.batch
         step = self.step_id
-        run = self.system.run_in_thread if self.step_in_thread else self.system.run_inline
-        run(self, self.engine.execute, batch,
-            wrap=lambda res, err: StepDone(step, batch, res, err))
+        run = self.runner or (self.system.run_in_thread if self.step_in_thread else self.system.run_inline)
+        run(self, self.engine.execute, batch, wrap=lambda res, err: self._returned(step, batch, res, err))
+
+    def _returned(self, step: int, batch: list[Any], res: Any, err: BaseException | None) -> StepDone:
+        """The model step came back (on the loop, outside any turn): an input to the actors.
+        The recorder notes what the model answered, which re-execution plays back."""
+        rec = self.system.recorder if self.system is not None else None
+        if rec is not None:
+            out = None if err is not None else [
+                [o.seq.rid, "pooled" if o.pooled is not None else o.token_id] for o in res or ()]
+            rec.input("step_end", data={
+                "sched": self.name, "step": step, "out": out,
+                "error": None if err is None else f"{type(err).__name__}: {err}"})
+        return StepDone(step, batch, res, err)
 
     def _hold_for_batch(self) -> bool:
         """With a batching window: an idle scheduler whose next step would be part-empty waits
@@ -278,7 +292,7 @@ class SchedulerActor(Actor):
                     self.tell(BatchWindowClosed())
                 sysm._dec()
 
-            self._window = sysm.clock.call_later(self.batch_wait_s, close)
+            self._window = sysm.call_later(self.batch_wait_s, close, f"{self.name}:batch_window")
         return True
 
     @handles(BatchWindowClosed)

@@ -237,7 +237,7 @@ class SessionActor(Actor):
             if self.alive:
                 self.tell(SessionReap(sid))
 
-        s.timer = self.system.clock.call_later(delay, due)
+        s.timer = self.system.call_later(delay, due, f"session:{sid}:reap")
 
     @handles(SessionReap)
     def _reap(self, msg: SessionReap) -> None:

@@ -8,6 +8,12 @@ off-loop operations it started (`run_in_thread`, `pipe`). `quiesce()` returns wh
 count is zero, i.e. nothing can happen any more until the outside world (a client, or the
 manual clock) does something.
 
+Deterministic re-execution (`actorserve.replay.reexec`) takes the turns over: it sets
+`dispatch` to put each turn on its own run queue, and asks `callbacks_ready()` whether a
+piped future or a deferred reply has resolved and waits only for the event loop to deliver
+it. Timers started with `call_later` record a note when they fire, so a recording knows
+exactly where each one landed between turns.
+
 Supervision: a child's failure is passed to its supervisor actor if it has one (its
 `on_child_failure`), else to the system's `on_failure` callback. The default policy keeps
 the actor running: the failing message alone is lost, and the request actors turn their own
@@ -44,6 +50,9 @@ class ActorSystem:
         self._own_executor = executor is None
         self._on_failure = on_failure
         self.failures: list[tuple[str, str, BaseException]] = []
+        # How a turn is scheduled: None = `loop.call_soon`; re-execution puts its run queue here.
+        self.dispatch: Callable[[Callable[[Actor], None], Actor], None] | None = None
+        self._armed: set[asyncio.Future[Any]] = set()   # futures whose callbacks deliver mail
 
     # -- spawning ------------------------------------------------------------------------------
     @property
@@ -76,14 +85,14 @@ class ActorSystem:
     # -- scheduling ----------------------------------------------------------------------------
     def _schedule(self, actor: Actor) -> None:
         self._inc()
-        self.loop.call_soon(self._run_turn, actor)
+        (self.dispatch or self.loop.call_soon)(self._run_turn, actor)
 
     def _run_turn(self, actor: Actor) -> None:
         try:
             if actor.phase is Phase.running:
                 actor._turn()
             if actor.phase is Phase.running and len(actor.mailbox):
-                self.loop.call_soon(self._run_turn, actor)
+                (self.dispatch or self.loop.call_soon)(self._run_turn, actor)
                 return  # still busy: keep the count
             actor._turn_pending = False
             if actor.phase is Phase.running:
@@ -130,8 +139,10 @@ class ActorSystem:
              wrap: Callable[[Any, BaseException | None], Any]) -> None:
         """When `fut` resolves, tell `target` the wrapped outcome. Counted by `quiesce`."""
         self._inc()
+        self._armed.add(fut)
 
         def done(f: asyncio.Future[Any]) -> None:
+            self._armed.discard(f)
             try:
                 if f.cancelled():
                     msg = wrap(None, asyncio.CancelledError())
@@ -147,6 +158,39 @@ class ActorSystem:
                 self._dec()
 
         fut.add_done_callback(done)
+
+    def chain(self, src: asyncio.Future[Any], dst: asyncio.Future[Any]) -> None:
+        """Resolve `dst` (a caller's reply) like `src` (a handler's deferred answer)."""
+        self._armed.add(src)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self._armed.discard(f)
+            if dst.done():
+                return
+            if f.cancelled():
+                dst.cancel()
+            elif f.exception() is not None:
+                dst.set_exception(f.exception())  # type: ignore[arg-type]
+            else:
+                dst.set_result(f.result())
+
+        src.add_done_callback(done)
+
+    def callbacks_ready(self) -> bool:
+        """A piped or chained future has resolved and the loop has yet to run its callback."""
+        return any(f.done() for f in self._armed)
+
+    # -- timers --------------------------------------------------------------------------------
+    def call_later(self, delay: float, fn: Callable[[], None], label: str) -> Any:
+        """A timer on the system's clock. When it fires, the recorder notes it (``input`` /
+        ``timer``) before `fn` runs: a timer is an input from outside the actors."""
+
+        def fire() -> None:
+            if self.recorder is not None:
+                self.recorder.input("timer", data={"label": label})
+            fn()
+
+        return self.clock.call_later(delay, fire)
 
     # -- supervision ---------------------------------------------------------------------------
     def child_failed(self, actor: Actor, message: Any, exc: BaseException) -> None:

@@ -50,7 +50,7 @@ class WatchdogActor(Actor):
 
     def _arm(self) -> None:
         assert self.system is not None
-        self._timer = self.system.clock.call_later(self.interval, self._fire_tick)
+        self._timer = self.system.call_later(self.interval, self._fire_tick, f"{self.name}:tick")
 
     def _fire_tick(self) -> None:
         self._timer = None

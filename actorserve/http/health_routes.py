@@ -33,7 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from ..engine.params import SamplingParams
-from ..messages import HealthCheck, HealthDone
+from ..messages import HealthCheck
 from .errors import APIError
 from .state import CTX, ServerContext
 
@@ -104,8 +104,7 @@ async def health_generate(request: web.Request) -> web.Response:
         if ok and state.split("(")[0] not in ("serving", "paused"):   # unhealthy or draining meanwhile
             ok, why = False, rt.control_actor.server.reason or f"server is {state}"
     finally:
-        if rt.control_actor.alive:
-            rt.control_actor.tell(HealthDone(record, ok, why))
+        rt.health_done(record, ok, why)
     if not ok:
         return _unavailable(state, why, latency_s=round(dt, 6))
     return web.json_response({"status": "ok", "server_state": state, "latency_s": round(dt, 6)})

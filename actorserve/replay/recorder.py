@@ -143,6 +143,12 @@ class FlightRecorder:
         """Anything else worth replaying (scheduler steps, client disconnects, arrivals)."""
         return self._add(rid, kind, event, None, None, True, None, self.cause, None, data)
 
+    def input(self, event: str, *, rid: str | None = None, data: dict[str, Any] | None = None) -> int:
+        """Something entered the actors from outside (a client call, a model step coming back, a
+        timer): re-execution feeds these back in, each at the point it was recorded."""
+        self.cause = None
+        return self._add(rid, "input", event, None, None, True, None, None, None, data)
+
     # -- reading ----------------------------------------------------------------------------------
     def events(self, *, rid: str | None = None, kind: str | None = None) -> list[Event]:
         out = []
