@@ -12,11 +12,6 @@ from actorserve.engine.fake import FakeEngine
 from actorserve.engine.params import PoolingParams
 
 
-async def spin(n: int = 20) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
 async def make(wait: float, max_num_seqs: int = 8):
     clock = ManualClock()
     enc = FakeEngine(num_blocks=256, block_size=16)
@@ -30,10 +25,10 @@ async def make(wait: float, max_num_seqs: int = 8):
 async def test_an_idle_encoder_waits_for_its_window_then_steps_once_with_everything():
     rt, enc, clock = await make(0.005)
     first = rt.pool([1, 2, 3], PoolingParams(), target="embed")
-    await spin()
+    await rt.quiesce()                          # exact: an open window waits for the clock
     assert enc.steps == 0                       # the window is open
     rest = [rt.pool([4, i], PoolingParams(), target="embed") for i in range(5, 8)]
-    await spin()
+    await rt.quiesce()
     assert enc.steps == 0
     clock.advance(0.005)
     for h in [first, *rest]:
@@ -62,7 +57,7 @@ async def test_no_wait_for_probes_or_a_full_batch_or_a_zero_window():
 async def test_shutdown_with_an_open_window_does_not_hang():
     rt, enc, clock = await make(0.005)
     h = rt.pool([1, 2], PoolingParams(), target="embed")
-    await spin()
+    await rt.quiesce()
     assert enc.steps == 0
     await asyncio.wait_for(rt.shutdown(), 5)
     assert (await h.stream.final()).finish_reason == "abort"

@@ -165,27 +165,38 @@ class Actor:
             if handler is None:
                 box.failed += 1
                 err = UnhandledMessage(f"{self.name} has no handler for {type(message).__name__}")
-                if reply is not None and not reply.done():
-                    reply.set_exception(err)
+                if reply is not None:
+                    self._reply(reply, exc=err)
                 self.on_failure(message, err)
                 continue
             try:
                 result = handler(self, message)
             except Exception as exc:  # supervision: fail this message only, go on
                 box.failed += 1
-                if reply is not None and not reply.done():
-                    reply.set_exception(HandlerError(self.name, message, exc))
+                if reply is not None:
+                    self._reply(reply, exc=HandlerError(self.name, message, exc))
                 self.on_failure(message, exc)
             else:
                 box.processed += 1
                 if reply is not None and not reply.done():
+                    assert self.system is not None
                     if isinstance(result, asyncio.Future):
-                        assert self.system is not None
                         self.system.chain(result, reply)
                     else:
-                        reply.set_result(result)
+                        self.system.resolve(reply, result)
         if recorder is not None:
             recorder.cause = None
+
+    def _reply(self, fut: asyncio.Future[Any], result: Any = None, exc: BaseException | None = None) -> None:
+        """Answer an `ask` (or any future an actor owes): through the system, so what is piped
+        to it is delivered in this turn."""
+        if self.system is not None:
+            self.system.resolve(fut, result, exc)
+        elif not fut.done():
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
 
     def statistics(self) -> MailboxStats:
         return self.mailbox.statistics()
@@ -200,8 +211,8 @@ class Actor:
             self.on_stop()
         finally:
             for message, reply in self.mailbox.close():
-                if reply is not None and not reply.done():
-                    reply.set_exception(ActorDeadError(
+                if reply is not None:
+                    self._reply(reply, exc=ActorDeadError(
                         f"{self.name} stopped before handling {type(message).__name__}"))
             self.phase = Phase.stopped
             if self.system is not None:

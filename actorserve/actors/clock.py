@@ -31,6 +31,8 @@ class Clock(Protocol):
 class LoopClock:
     """Real time: `time.monotonic` and the running loop's timers."""
 
+    runs_by_itself = True       # a pending timer fires without anyone's help
+
     def now(self) -> float:
         return time.monotonic()
 
@@ -55,6 +57,8 @@ class _ManualTimer:
 
 class ManualClock:
     """Virtual time for tests and deterministic re-execution."""
+
+    runs_by_itself = False      # timers wait for `advance`: for `quiesce` they are the outside world
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = start

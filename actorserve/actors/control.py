@@ -177,7 +177,7 @@ class ControlActor(Actor):
                 self._end(rec, res)
         finally:
             if not msg.reply.done():
-                msg.reply.set_result(res if "res" in locals() else ControlResult(False, "internal error"))
+                self._reply(msg.reply, res if "res" in locals() else ControlResult(False, "internal error"))
 
     def _mirror(self, op: str, res: ControlResult) -> None:
         """Keep the server lifecycle in step with what the scheduler applied."""

@@ -65,6 +65,7 @@ class SchedulerActor(Actor):
         self.batch_wait_s = batch_wait_s     # batching window of an idle scheduler (0 = none)
         self._window: Any = None             # the open window's timer
         self._window_closed = False
+        self._window_counted = False
         info = engine.info
         self.bm = block_manager or BlockManager(info.num_blocks, info.block_size)
         self.policy = BatchPolicy(batch)
@@ -188,7 +189,7 @@ class SchedulerActor(Actor):
             _, fut = self._pending_pause
             self._pending_pause = None
             if not fut.done():
-                fut.set_result(ControlResult(False, "pause cancelled by continue_generation"))
+                self._reply(fut, ControlResult(False, "pause cancelled by continue_generation"))
             return ControlResult(True, "continued (a pending pause was cancelled)", {"was": None})
         mode, self.paused_mode = self.paused_mode, None
         if mode == "in_place":
@@ -212,7 +213,7 @@ class SchedulerActor(Actor):
                                  {"busy": len(self.seqs)})
         fut = asyncio.get_running_loop().create_future()
         if self._flush_waiter is not None:
-            fut.set_result(ControlResult(False, "another flush is already waiting for idle"))
+            self._reply(fut, ControlResult(False, "another flush is already waiting for idle"))
         else:
             self._flush_waiter = fut
         return fut
@@ -221,8 +222,8 @@ class SchedulerActor(Actor):
     def _flush_timeout(self, msg: FlushTimeout) -> None:
         w, self._flush_waiter = self._flush_waiter, None
         if w is not None and not w.done():
-            w.set_result(ControlResult(False, "timed out waiting for the engine to become idle",
-                                       {"busy": len(self.seqs)}))
+            self._reply(w, ControlResult(False, "timed out waiting for the engine to become idle",
+                                         {"busy": len(self.seqs)}))
 
     def _do_flush(self) -> ControlResult:
         n = self.bm.flush()
@@ -235,7 +236,7 @@ class SchedulerActor(Actor):
         if self._flush_waiter is not None and self.idle and self.paused_mode != "in_place":
             w, self._flush_waiter = self._flush_waiter, None
             if not w.done():
-                w.set_result(self._do_flush())
+                self._reply(w, self._do_flush())
         if self.paused_mode is not None:
             return
         if self._hold_for_batch():
@@ -275,8 +276,9 @@ class SchedulerActor(Actor):
 
     def _hold_for_batch(self) -> bool:
         """With a batching window: an idle scheduler whose next step would be part-empty waits
-        `batch_wait_s` for more arrivals (throughput of small encoder forwards). The timer counts
-        as outstanding work for `quiesce`. Probes never wait."""
+        `batch_wait_s` for more arrivals (throughput of small encoder forwards). On a clock that
+        runs by itself the timer counts as outstanding work for `quiesce`; on a manual clock it
+        waits for the clock to be moved, like any timer. Probes never wait."""
         if not self.batch_wait_s or self._window_closed or self.probe_lane or not self.lane:
             return False
         if self.running or len(self.lane) >= self.policy.config.max_num_seqs:
@@ -284,13 +286,16 @@ class SchedulerActor(Actor):
         if self._window is None:
             sysm = self.system
             assert sysm is not None
-            sysm._inc()
+            counted = self._window_counted = getattr(sysm.clock, "runs_by_itself", True)
+            if counted:
+                sysm._inc()
 
             def close() -> None:
                 self._window = None        # fired: on_stop has nothing to cancel any more
                 if self.alive:
                     self.tell(BatchWindowClosed())
-                sysm._dec()
+                if counted:
+                    sysm._dec()
 
             self._window = sysm.call_later(self.batch_wait_s, close, f"{self.name}:batch_window")
         return True
@@ -340,7 +345,7 @@ class SchedulerActor(Actor):
             self._pending_pause = None
             res = self._apply_pause(mode)
             if not fut.done():
-                fut.set_result(res)
+                self._reply(fut, res)
 
     def _tell(self, rid: str, message: Any) -> None:
         """Tell a request actor, unless it has already stopped: an actor that ended on its own
@@ -404,11 +409,12 @@ class SchedulerActor(Actor):
             self._window.cancel()
             self._window = None
             assert self.system is not None
-            self.system._dec()
+            if self._window_counted:
+                self.system._dec()
         for rid in list(self.seqs):
             actor = self._drop(rid)
             if actor is not None and actor.alive:
                 actor.tell(Aborted(rid, "server shutting down"))
         for fut in (self._flush_waiter, self._pending_pause[1] if self._pending_pause else None):
             if fut is not None and not fut.done():
-                fut.set_result(ControlResult(False, "server shutting down"))
+                self._reply(fut, ControlResult(False, "server shutting down"))

@@ -4,14 +4,14 @@ Scheduling: an actor with mail gets one turn via `loop.call_soon`; a turn that l
 behind schedules another, so actors share the loop fairly.
 
 Quiescence is exact, not slept: the system counts actors that have a turn pending plus
-off-loop operations it started (`run_in_thread`, `pipe`). `quiesce()` returns when that
+off-loop operations it started (`run_in_thread`, `run_inline`). `quiesce()` returns when that
 count is zero, i.e. nothing can happen any more until the outside world (a client, or the
 manual clock) does something.
 
-Deterministic re-execution (`actorserve.replay.reexec`) takes the turns over: it sets
-`dispatch` to put each turn on its own run queue, and asks `callbacks_ready()` whether a
-piped future or a deferred reply has resolved and waits only for the event loop to deliver
-it. Timers started with `call_later` record a note when they fire, so a recording knows
+Replies between actors (`pipe`, a handler's deferred answer via `chain`) are delivered inside
+the turn that resolves them (`resolve`), not by an event-loop callback, so what the actors do
+depends on the order of turns alone. Deterministic re-execution (`actorserve.replay.reexec`)
+takes the turns over: it sets `dispatch` to put each turn on its own run queue. Timers started with `call_later` record a note when they fire, so a recording knows
 exactly where each one landed between turns.
 
 Supervision: a child's failure is passed to its supervisor actor if it has one (its
@@ -52,7 +52,7 @@ class ActorSystem:
         self.failures: list[tuple[str, str, BaseException]] = []
         # How a turn is scheduled: None = `loop.call_soon`; re-execution puts its run queue here.
         self.dispatch: Callable[[Callable[[Actor], None], Actor], None] | None = None
-        self._armed: set[asyncio.Future[Any]] = set()   # futures whose callbacks deliver mail
+        self._links: dict[asyncio.Future[Any], list[Callable[[asyncio.Future[Any]], None]]] = {}
 
     # -- spawning ------------------------------------------------------------------------------
     @property
@@ -119,7 +119,7 @@ class ActorSystem:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="actorserve-step")
         fut = self.loop.run_in_executor(self._executor, fn, *args)
-        self.pipe(fut, target, wrap)
+        self.pipe(fut, target, wrap, off_loop=True)
 
     def run_inline(self, target: Actor, fn: Callable[..., Any], *args: Any,
                    wrap: Callable[[Any, BaseException | None], Any]) -> None:
@@ -133,16 +133,17 @@ class ActorSystem:
                 fut.set_exception(exc)
 
         self.loop.call_soon(call)
-        self.pipe(fut, target, wrap)
+        self.pipe(fut, target, wrap, off_loop=True)
 
     def pipe(self, fut: asyncio.Future[Any], target: Actor,
-             wrap: Callable[[Any, BaseException | None], Any]) -> None:
-        """When `fut` resolves, tell `target` the wrapped outcome. Counted by `quiesce`."""
-        self._inc()
-        self._armed.add(fut)
+             wrap: Callable[[Any, BaseException | None], Any], *, off_loop: bool = False) -> None:
+        """When `fut` resolves, tell `target` the wrapped outcome. An `off_loop` future (a worker
+        thread's) counts for `quiesce`; an actor's reply does not: it is resolved in a turn, so
+        while it is pending and every actor is idle, only the outside world can move it."""
+        if off_loop:
+            self._inc()
 
-        def done(f: asyncio.Future[Any]) -> None:
-            self._armed.discard(f)
+        def deliver(f: asyncio.Future[Any]) -> None:
             try:
                 if f.cancelled():
                     msg = wrap(None, asyncio.CancelledError())
@@ -155,30 +156,56 @@ class ActorSystem:
             except ActorDeadError:
                 pass
             finally:
-                self._dec()
+                if off_loop:
+                    self._dec()
 
-        fut.add_done_callback(done)
+        self._link(fut, deliver)
 
     def chain(self, src: asyncio.Future[Any], dst: asyncio.Future[Any]) -> None:
         """Resolve `dst` (a caller's reply) like `src` (a handler's deferred answer)."""
-        self._armed.add(src)
 
-        def done(f: asyncio.Future[Any]) -> None:
-            self._armed.discard(f)
-            if dst.done():
-                return
+        def copy(f: asyncio.Future[Any]) -> None:
             if f.cancelled():
-                dst.cancel()
-            elif f.exception() is not None:
-                dst.set_exception(f.exception())  # type: ignore[arg-type]
+                if not dst.done():
+                    dst.cancel()
             else:
-                dst.set_result(f.result())
+                exc = f.exception()
+                self.resolve(dst, None if exc is not None else f.result(), exc)
 
-        src.add_done_callback(done)
+        self._link(src, copy)
+
+    def resolve(self, fut: asyncio.Future[Any], result: Any = None, exc: BaseException | None = None) -> None:
+        """Set an actor reply. What is piped or chained to it happens now, inside this turn:
+        a piped result is told to its actor at once, so the order of everything the actors do
+        depends on turns alone, never on when the event loop gets round to a callback."""
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+        for fn in self._links.pop(fut, ()):
+            fn(fut)
+
+    def _link(self, fut: asyncio.Future[Any], fn: Callable[[asyncio.Future[Any]], None]) -> None:
+        if fut.done() and fut not in self._links:
+            fn(fut)
+            return
+        links = self._links.get(fut)
+        if links is None:
+            links = self._links[fut] = []
+            fut.add_done_callback(self._resolved_elsewhere)
+        links.append(fn)
+
+    def _resolved_elsewhere(self, fut: asyncio.Future[Any]) -> None:
+        """`fut` was resolved by something other than `resolve` (a worker thread, a caller):
+        the event loop delivers its links."""
+        for fn in self._links.pop(fut, ()):
+            fn(fut)
 
     def callbacks_ready(self) -> bool:
-        """A piped or chained future has resolved and the loop has yet to run its callback."""
-        return any(f.done() for f in self._armed)
+        """A linked future resolved outside `resolve` and the loop has yet to deliver it."""
+        return any(f.done() for f in self._links)
 
     # -- timers --------------------------------------------------------------------------------
     def call_later(self, delay: float, fn: Callable[[], None], label: str) -> Any:

@@ -222,3 +222,21 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[E
             else:
                 events.append(Event.from_dict(obj))
     return header, events
+
+
+def read_all_parts(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Event]]:
+    """Read a rotated recording whole: ``PATH.N`` … ``PATH.1`` then ``PATH``, oldest first.
+    Raises `ValueError` when the parts do not join up (a part was lost between them)."""
+    base = os.fspath(path)
+    n = 1
+    while os.path.exists(f"{base}.{n}"):
+        n += 1
+    header: dict[str, Any] = {}
+    events: list[Event] = []
+    for part in [f"{base}.{i}" for i in range(n - 1, 0, -1)] + [base]:
+        header, evs = read_recording(part)
+        if events and evs and evs[0].seq != events[-1].seq + 1:
+            raise ValueError(f"{part} starts at seq {evs[0].seq} but the part before it ends at "
+                             f"seq {events[-1].seq}: the recording has a gap")
+        events.extend(evs)
+    return header, events

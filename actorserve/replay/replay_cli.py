@@ -5,6 +5,7 @@
     actorserve replay run.jsonl --json     # the report as JSON
     actorserve replay run.jsonl --format html --out run.html [--rid X]
     actorserve replay run.jsonl --format mermaid [--rid X]
+    actorserve replay --reexecute run.jsonl [--max-num-seqs N ...]   # rerun the inputs, compare
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 from ..statemachines import LIFECYCLES
 from .check import check
-from .recorder import read_recording
+from .recorder import read_all_parts, read_recording
 from .stats import latency_report
 
 
@@ -28,6 +29,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write the mermaid/html picture here instead of stdout")
     p.add_argument("--allow-unfinished", action="store_true",
                    help="do not flag requests still live when the recording ends")
+    p.add_argument("--reexecute", action="store_true",
+                   help="feed the recorded inputs through today's actors and scheduler (model "
+                        "stand-in, virtual clock) and compare every step's batch and every "
+                        "transition; exit 1 on the first difference")
+    for flag, what in (("--max-num-seqs", "sequences"), ("--max-batch-tokens", "tokens"),
+                       ("--max-prefill-chunk", "prefill tokens per sequence")):
+        p.add_argument(flag, type=int, default=None,
+                       help=f"with --reexecute: replace the recorded limit of {what} per step")
 
 
 def _stale_definitions(header: dict) -> list[str]:
@@ -72,7 +81,32 @@ def _picture(args: argparse.Namespace, events: list) -> int:
     return 0
 
 
+def _reexecute(args: argparse.Namespace) -> int:
+    import asyncio
+    import dataclasses
+
+    from ..engine.batching import BatchConfig
+    from .reexec import RecordingError, reexecute
+
+    try:
+        _, events = read_all_parts(args.path)
+        batch = None
+        limits = {k: getattr(args, k) for k in ("max_num_seqs", "max_batch_tokens", "max_prefill_chunk")
+                  if getattr(args, k) is not None}
+        if limits:
+            setup = next(e for e in events if e.kind == "input" and e.event == "runtime")
+            batch = dataclasses.replace(BatchConfig(**(setup.data or {})["generation"]["batch"]), **limits)
+        report = asyncio.run(reexecute(events, batch=batch))
+    except (RecordingError, ValueError, StopIteration) as exc:
+        print(f"cannot re-execute {args.path}: {exc or 'no runtime set-up recorded'}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.to_dict()) if args.json else report.format())
+    return 0 if report.ok else 1
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.reexecute:
+        return _reexecute(args)
     header, events = read_recording(args.path)
     if args.format != "text":
         return _picture(args, events)

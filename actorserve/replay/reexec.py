@@ -1,0 +1,348 @@
+"""Deterministic re-execution: run a recording's inputs through today's actors and compare.
+
+A recording (``serve --record``) holds, besides what happened, every *input* to the actors
+(``kind == "input"`` events): the runtime's set-up, each client call (a generation or pooling
+request with its prompt ids and parameters, an abort from a disconnect, a control or session
+request, the end of a health probe), each model step coming back with what the model answered,
+each timer firing. Everything else is the actors' own doing, and the actors are deterministic
+given their inputs and the order of their turns.
+
+`reexecute(events)` rebuilds the runtime around stand-ins (`standin.py`: an engine that answers
+with the recorded tokens, a detokenizer that stops where the recorded one did, a virtual clock)
+and takes over the turn scheduling: turns go on a run queue that the driver runs one at a time,
+in the order they were scheduled, exactly as the event loop would. Each input is fed in when
+the re-execution has produced as many events as the recording had before it, so it lands
+between the same two turns as it did live. A model step is held until its recorded
+``step_end``; a timer fires only at its recorded ``timer``.
+
+The report compares, per scheduler, the batch composition of every step (the first differing
+step is where a changed batching policy shows), and per lifecycle instance (each request,
+control record, session, the server) its sequence of transitions. ``drift`` counts inputs that
+could not be placed at their recorded point (there is always a cause among the differences).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .. import messages as M
+from ..actors.runtime import Runtime
+from ..config import SchedulerConfig
+from ..engine.batching import BatchConfig, BatchPolicy
+from ..engine.params import PoolingParams, SamplingParams
+from ..statemachines import LIFECYCLES
+from .recorder import Event, FlightRecorder
+from .standin import ReplayClock, ReplayDetokenizer, ReplayEngine
+
+CONTROL_MESSAGES = ("AbortRequest", "PauseGeneration", "ContinueGeneration", "FlushCache",
+                    "OpenSession", "CloseSession", "HealthCheck", "ServerEvent", "SessionBegin",
+                    "SessionEnd")
+
+
+class RecordingError(ValueError):
+    """The recording cannot be re-executed (no set-up, inputs missing, rotated away)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepDiff:
+    sched: str
+    step: int                     # the n-th step of that scheduler
+    seq: int | None               # where the recorded step is
+    recorded: list[Any] | None    # [[rid, n_tokens], ...]; None: the recording has no such step
+    replayed: list[Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionDiff:
+    kind: str
+    rid: str | None
+    index: int                    # position in that instance's history
+    seq: int | None
+    recorded: tuple[Any, ...] | None      # (event, src, dst, ok)
+    replayed: tuple[Any, ...] | None
+
+
+@dataclass(slots=True)
+class ReexecReport:
+    inputs: int = 0
+    steps: dict[str, tuple[int, int]] = field(default_factory=dict)   # sched -> (recorded, replayed)
+    instances: int = 0
+    step_diffs: list[StepDiff] = field(default_factory=list)
+    transition_diffs: list[TransitionDiff] = field(default_factory=list)
+    drift: int = 0
+    first_drift: tuple[int, str] | None = None
+    fillers: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.step_diffs and not self.transition_diffs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "inputs": self.inputs, "instances": self.instances,
+                "steps": {k: {"recorded": a, "replayed": b} for k, (a, b) in self.steps.items()},
+                "step_diffs": [_asdict(d) for d in self.step_diffs],
+                "transition_diffs": [_asdict(d) for d in self.transition_diffs],
+                "drift": self.drift, "first_drift": self.first_drift, "fillers": self.fillers}
+
+    def format(self, limit: int = 10) -> str:
+        lines = [f"re-executed {self.inputs} inputs: "
+                 + ", ".join(f"{k} {b}/{a} steps" for k, (a, b) in self.steps.items())
+                 + f", {self.instances} lifecycle instances"]
+        if self.ok:
+            lines.append("every step's batch and every transition match the recording")
+        for d in self.step_diffs[:limit]:
+            lines.append(f"  first differing step of {d.sched}: step {d.step} (seq {d.seq})\n"
+                         f"    recorded {d.recorded}\n    replayed {d.replayed}")
+        for t in self.transition_diffs[:limit]:
+            lines.append(f"  {t.kind} {t.rid}: transition #{t.index} (seq {t.seq}) recorded "
+                         f"{t.recorded}, replayed {t.replayed}")
+        if len(self.transition_diffs) > limit:
+            lines.append(f"  ... {len(self.transition_diffs) - limit} more instances differ")
+        if self.drift:
+            lines.append(f"  {self.drift} inputs placed off their recorded point (first at seq "
+                         f"{self.first_drift[0]}: {self.first_drift[1]})" if self.first_drift else "")
+        return "\n".join(lines)
+
+
+def _asdict(d: Any) -> dict[str, Any]:
+    return {f: getattr(d, f) for f in d.__slots__}
+
+
+def _tuples(args: dict[str, Any]) -> dict[str, Any]:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
+
+
+# -- what the recording says ----------------------------------------------------------------------
+def steps_of(events: Iterable[Event]) -> dict[str, list[tuple[int, list[Any]]]]:
+    out: dict[str, list[tuple[int, list[Any]]]] = defaultdict(list)
+    for e in events:
+        if e.kind == "step":
+            d = e.data or {}
+            out[d.get("sched", "scheduler")].append((e.seq, [list(m) for m in d.get("batch", [])]))
+    return out
+
+
+def histories_of(events: Iterable[Event]) -> dict[tuple[str, str | None], list[tuple[int, tuple[Any, ...]]]]:
+    out: dict[tuple[str, str | None], list[tuple[int, tuple[Any, ...]]]] = defaultdict(list)
+    for e in events:
+        if e.kind in LIFECYCLES:
+            out[(e.kind, e.rid)].append((e.seq, (e.event, e.src, e.dst, e.ok)))
+    return out
+
+
+def _model_answers(events: list[Event]) -> tuple[dict[str, deque[int]], dict[tuple[str, int], int]]:
+    """Tokens per request, in order; and where a detokenizer stopped: (rid, incarnation) -> n."""
+    tokens: dict[str, deque[int]] = defaultdict(deque)
+    stops: dict[tuple[str, int], int] = {}
+    incarnation: dict[str, int] = defaultdict(lambda: -1)
+    seen: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.kind == "input" and e.event == "step_end":
+            for rid, tok in (e.data or {}).get("out") or ():
+                if isinstance(tok, int) and not isinstance(tok, bool):
+                    tokens[rid].append(tok)
+        elif e.kind == "input" and e.event == "generate" and e.rid is not None:
+            incarnation[e.rid] += 1
+            seen[e.rid] = 0
+        elif e.kind == "message" and e.event == "TokenOut" and e.rid is not None and e.dst == f"req:{e.rid}":
+            seen[e.rid] += 1
+        elif e.kind == "detok" and e.event == "stop_string" and e.rid is not None:
+            stops[(e.rid, incarnation[e.rid])] = seen[e.rid]
+    return tokens, stops
+
+
+# -- the driver -----------------------------------------------------------------------------------
+class _Driver:
+    def __init__(self, events: list[Event], *, batch: BatchConfig | None,
+                 policy: BatchPolicy | None) -> None:
+        self.events = events
+        self.inputs = [e for e in events if e.kind == "input"]
+        if not self.inputs or self.inputs[0].event != "runtime":
+            raise RecordingError("the recording does not start with the runtime's set-up (an 'input' "
+                                 "event 'runtime'): it was rotated away or made before inputs were "
+                                 "recorded; re-execution needs the whole run")
+        if not any(e.kind == "message" for e in events):
+            raise RecordingError("the recording has no message events (record_messages was off)")
+        setup = self.inputs[0].data or {}
+        tokens, self.stops = _model_answers(events)
+        self.incarnation: dict[str, int] = defaultdict(lambda: -1)
+        gen = setup["generation"]
+        self.engine = ReplayEngine(gen["engine"], tokens)
+        pooling = {k: ReplayEngine(v["engine"], tokens, v["batch"]) for k, v in setup.get("pooling", {}).items()}
+        wait = next((v["batch_wait_s"] for v in setup.get("pooling", {}).values()), 0.0)
+        wd = setup.get("watchdog")
+        cfg = SchedulerConfig(batch=batch or BatchConfig(**gen["batch"]), step_in_thread=False,
+                              watchdog_timeout_s=wd["timeout"] if wd else None, pool_batch_wait_s=wait)
+        self.clock = ReplayClock(self.inputs[0].t_ns / 1e9)
+        self.rec = FlightRecorder(clock=self.clock, capacity=len(events) * 2 + 1024,
+                                  lifecycles=LIFECYCLES.values())
+        self.rt = Runtime(self.engine, config=cfg, clock=self.clock, recorder=self.rec,
+                          pooling_engines=pooling)
+        if policy is not None:
+            self.rt.scheduler.policy = policy
+        self.queue: deque[tuple[Any, Any]] = deque()
+        self.rt.system.dispatch = lambda fn, actor: self.queue.append((fn, actor))
+        self.pending: dict[str, tuple[Any, Any, list[Any], Any]] = {}
+        for s in [self.rt.scheduler, *self.rt.pool_schedulers.values()]:
+            s.runner = self._hold
+        self.report = ReexecReport(inputs=len(self.inputs))
+        self.futures: list[Any] = []
+        self.shut_down = False
+
+    def _hold(self, target: Any, fn: Any, batch: list[Any], *, wrap: Any) -> None:
+        self.pending[target.name] = (target, fn, batch, wrap)
+
+    async def _pump(self, until: int | None) -> None:
+        """Run turns, in order, until `until` events exist (or nothing more can happen)."""
+        idle_spins = 0
+        while until is None or self.rec.seq < until:
+            if self.queue:
+                fn, actor = self.queue.popleft()
+                fn(actor)
+                idle_spins = 0
+            elif self.rt.system.callbacks_ready() and idle_spins < 100:
+                await asyncio.sleep(0)     # the loop delivers a resolved reply / piped result
+                idle_spins += 1
+            else:
+                return
+
+    def _drifted(self, e: Event) -> None:
+        self.report.drift += 1
+        if self.report.first_drift is None:
+            self.report.first_drift = (e.seq, e.event)
+
+    def _keep(self, fut: Any) -> None:
+        if fut is not None and hasattr(fut, "add_done_callback"):
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self.futures.append(fut)
+
+    async def run(self) -> list[Event]:
+        self._keep(self.rt.begin())
+        for e in self.inputs[1:]:
+            await self._pump(e.seq - 1)
+            if self.rec.seq != e.seq - 1:
+                self._drifted(e)
+            self.clock.set_time(e.t_ns / 1e9)
+            if e.event == "shutdown":
+                await self._replay_shutdown()
+                break
+            self._apply(e)
+        else:
+            await self._pump(None)
+        replayed = self.rec.events()
+        await self._cleanup()
+        return replayed
+
+    async def _replay_shutdown(self) -> None:
+        """`Runtime.shutdown` awaits its steps: run it beside the pump until it is over."""
+        task = asyncio.ensure_future(self.rt.shutdown())
+        for _ in range(10_000):
+            await asyncio.sleep(0)
+            await self._pump(None)
+            if task.done():
+                break
+        self.shut_down = True
+        if not task.done():
+            task.cancel()
+
+    def _apply(self, e: Event) -> None:
+        d = e.data or {}
+        rt = self.rt
+        if e.event == "generate":
+            assert e.rid is not None
+            self.incarnation[e.rid] += 1
+            stop_at = self.stops.get((e.rid, self.incarnation[e.rid]))
+            rt.generate(list(d["prompt"]), SamplingParams(**_tuples(d["sampling"])), rid=e.rid,
+                        detokenizer=ReplayDetokenizer(stop_at), is_probe=d.get("probe", False),
+                        session=d.get("session"))
+        elif e.event == "pool":
+            rt.pool(list(d["prompt"]), PoolingParams(**_tuples(d["pooling"])), rid=e.rid,
+                    is_probe=d.get("probe", False), target=d.get("target"))
+        elif e.event == "abort":
+            assert e.rid is not None
+            rt.abort(e.rid, d.get("reason", "abort"))
+        elif e.event in ("control", "session"):
+            if d.get("op") not in CONTROL_MESSAGES:
+                raise RecordingError(f"seq {e.seq}: unknown control message {d.get('op')!r}")
+            msg = getattr(M, d["op"])(**_tuples(d.get("args") or {}))
+            self._keep(rt.control(msg) if e.event == "control" else rt.session(msg))
+        elif e.event == "health_done":
+            rt.health_done(d["record"], d["ok"], d["reason"])
+        elif e.event == "step_end":
+            self._step_end(e, d)
+        elif e.event == "timer":
+            if not self.clock.fire_next():
+                self._drifted(e)
+        else:
+            raise RecordingError(f"seq {e.seq}: unknown input {e.event!r}")
+
+    def _step_end(self, e: Event, d: dict[str, Any]) -> None:
+        held = self.pending.pop(d.get("sched", "scheduler"), None)
+        if held is None:
+            self._drifted(e)
+            return
+        target, fn, batch, wrap = held
+        if d.get("error"):
+            res, err = None, RuntimeError(f"recorded failure: {d['error']}")
+        else:
+            res, err = fn(batch), None
+        msg = wrap(res, err)
+        if target.alive:
+            target.tell(msg)
+
+    async def _cleanup(self) -> None:
+        """Hand the turns back to the event loop and stop what is left (not compared)."""
+        sysm = self.rt.system
+        sysm.dispatch = None
+        while self.queue:
+            fn, actor = self.queue.popleft()
+            sysm.loop.call_soon(fn, actor)
+        if not self.shut_down:
+            await self.rt.shutdown()
+        for f in self.futures:
+            if not f.done():
+                f.cancel()
+
+
+# -- comparing ------------------------------------------------------------------------------------
+def compare(recorded: list[Event], replayed: list[Event], report: ReexecReport) -> ReexecReport:
+    rs, ps = steps_of(recorded), steps_of(replayed)
+    for sched in sorted(set(rs) | set(ps)):
+        a, b = rs.get(sched, []), ps.get(sched, [])
+        report.steps[sched] = (len(a), len(b))
+        for i in range(max(len(a), len(b))):
+            ra = a[i] if i < len(a) else None
+            rb = b[i] if i < len(b) else None
+            if ra is None or rb is None or ra[1] != rb[1]:
+                report.step_diffs.append(StepDiff(sched, i + 1, ra[0] if ra else None,
+                                                  ra[1] if ra else None, rb[1] if rb else None))
+                break
+    rh, ph = histories_of(recorded), histories_of(replayed)
+    report.instances = len(rh)
+    diffs = []
+    for key in set(rh) | set(ph):
+        a, b = rh.get(key, []), ph.get(key, [])
+        for i in range(max(len(a), len(b))):
+            ta = a[i] if i < len(a) else None
+            tb = b[i] if i < len(b) else None
+            if ta is None or tb is None or ta[1] != tb[1]:
+                diffs.append(TransitionDiff(key[0], key[1], i, ta[0] if ta else (tb[0] if tb else None),
+                                            ta[1] if ta else None, tb[1] if tb else None))
+                break
+    diffs.sort(key=lambda d: d.seq if d.seq is not None else 1 << 62)
+    report.transition_diffs = diffs
+    return report
+
+
+async def reexecute(events: list[Event], *, batch: BatchConfig | None = None,
+                    policy: BatchPolicy | None = None) -> ReexecReport:
+    """Re-execute a whole recording (its events in seq order); see the module docstring.
+    `batch` / `policy` replace the generation scheduler's batching to ask "what if"."""
+    driver = _Driver(events, batch=batch, policy=policy)
+    replayed = await driver.run()
+    report = compare(events, replayed, driver.report)
+    report.fillers = driver.engine.fillers
+    return report

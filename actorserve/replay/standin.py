@@ -1,0 +1,98 @@
+"""Stand-ins for what re-execution cannot rerun: the model, the detokenizer and wall time.
+
+* `ReplayEngine` has the recorded engine's geometry (`EngineInfo`: block size, KV blocks,
+  context length, EOS ids) and answers each step with the tokens the real model gave each
+  request, in order. A prefill chunk answers nothing, a pooling request a placeholder value.
+  A request asked for more tokens than were recorded (possible only after a divergence) gets a
+  filler token that ends nothing, so the run goes on and the report can show where it differs.
+* `ReplayDetokenizer` stops a request on a stop string after the same number of tokens as the
+  recording says the real detokenizer did.
+* `ReplayClock` is a `ManualClock` that the driver moves to each input's recorded time without
+  firing timers: a timer fires only where the recording says it fired.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Any
+
+from ..actors.clock import ManualClock
+from ..engine.base import EngineInfo, SeqOutput
+from ..engine.batching import BatchConfig
+from ..engine.sequence import Sequence
+
+
+class ReplayClock(ManualClock):
+    def set_time(self, t: float) -> None:
+        """Move to `t` (never backwards) without firing anything."""
+        if t > self._now:
+            self._now = t
+
+    def fire_next(self) -> bool:
+        """Fire the earliest pending timer, whatever its deadline; False if there is none."""
+        while self._heap:
+            when, _, timer = heapq.heappop(self._heap)
+            if timer.cancelled:
+                continue
+            self.set_time(when)
+            timer.fn()
+            return True
+        return False
+
+
+class ReplayEngine:
+    """Plays back the recorded model answers, keyed by request id."""
+
+    def __init__(self, info: dict[str, Any], tokens: dict[str, deque[int]],
+                 batch: dict[str, Any] | None = None) -> None:
+        info = dict(info)
+        info["eos_token_ids"] = tuple(info.get("eos_token_ids") or ())
+        self.info = EngineInfo(**info)
+        self.tokens = tokens
+        self._batch = batch
+        self.filler = next(t for t in range(1, self.info.vocab_size + 1) if t not in self.info.eos_token_ids)
+        self.fillers = 0               # tokens made up because the recording had none left
+
+    def batch_config(self) -> BatchConfig:
+        """A pooling engine's own batch limits, as recorded."""
+        return BatchConfig(**self._batch) if self._batch else BatchConfig()
+
+    def execute(self, batch: list[tuple[Sequence, int]]) -> list[SeqOutput]:
+        outs: list[SeqOutput] = []
+        for seq, n in batch:
+            if seq.num_computed + n < seq.num_tokens:
+                outs.append(SeqOutput(seq))
+            elif seq.pooling is not None:
+                outs.append(SeqOutput(seq, pooled=[0.0]))
+            else:
+                q = self.tokens.get(seq.rid)
+                if q:
+                    outs.append(SeqOutput(seq, token_id=q.popleft()))
+                else:
+                    self.fillers += 1
+                    outs.append(SeqOutput(seq, token_id=self.filler))
+        return outs
+
+    def release(self, seq: Sequence) -> None:
+        pass
+
+
+class ReplayDetokenizer:
+    """Emits no text; reports a stop string after `stop_at` tokens when the recording had one."""
+
+    def __init__(self, stop_at: int | None) -> None:
+        self.stop_at = stop_at
+        self.count = 0
+        self.stopped: str | None = None
+
+    def add(self, token_ids: list[int]) -> str:
+        if self.stopped:
+            return ""
+        self.count += len(token_ids)
+        if self.stop_at is not None and self.count >= self.stop_at:
+            self.stopped = "<recorded stop string>"
+        return ""
+
+    def finish(self) -> str:
+        return ""
