@@ -32,13 +32,14 @@ def load_tiny() -> tuple[Any, Any, Any]:
 @contextlib.asynccontextmanager
 async def serve(tiny: tuple[Any, Any, Any], *, api_key: str | None = None, kv_blocks: int = 64,
                 max_body_bytes: int = 8 << 20, name: str = NAME,
-                debug_routes: bool = False) -> AsyncIterator[tuple[TestClient, Runtime]]:
+                debug_routes: bool = False,
+                record_path: Any = None) -> AsyncIterator[tuple[TestClient, Runtime]]:
     from actorserve.engine.runner import build_engine
 
     model, hf_tok, tok = tiny
     engine = build_engine(model, num_blocks=kv_blocks, block_size=16, tokenizer=hf_tok, model_name=name)
     rt = Runtime(engine, config=SchedulerConfig(batch=BatchConfig(), step_in_thread=True),
-                 recorder=FlightRecorder(capacity=100_000, lifecycles=LIFECYCLES.values()))
+                 recorder=FlightRecorder(capacity=100_000, lifecycles=LIFECYCLES.values(), path=record_path))
     config = ServerConfig(api_key=api_key, max_body_bytes=max_body_bytes,
                           model=ModelConfig(model="tiny", kv_blocks=kv_blocks), debug_routes=debug_routes)
     app = build_app(rt, tok, config, name)
