@@ -59,15 +59,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--streams", type=int, default=16)
-    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--requests", type=int, default=800)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds of each first")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     model, tok, _ = load_model(args.model, threads=args.threads)
     on, off, sizes = [], [], []
     with tempfile.TemporaryDirectory() as d:
+        for w in range(args.warmup):        # first-round costs (allocator, file cache) off the books
+            asyncio.run(one_round(model, tok, args, None))
+            asyncio.run(one_round(model, tok, args, os.path.join(d, f"warm{w}.jsonl")))
         for r in range(args.rounds):
             tps, _ = asyncio.run(one_round(model, tok, args, None))
             off.append(tps)

@@ -143,3 +143,17 @@ async def test_abort_latency_and_time_in_state_from_a_recording():
     assert spans["generation.queued"]["n"] == 3
     assert spans["generation.queued"]["max_ms"] == 750.0 and spans["generation.queued"]["p50_ms"] == 750.0
     await rt.shutdown()
+
+
+def test_the_fast_line_writer_is_plain_json_of_the_event():
+    from actorserve.replay.recorder import FIELDS, to_line
+    events = [
+        (1, 10, "r1", "message", "TokenOut", None, "req:r1", True, None, None, None, None),
+        (2, 11, "r\u00e9\"1\n", "generation", "pause", "decode", None, False, "not allowed", 1, "abc", None),
+        (3, 12, None, "input", "step_end", None, None, True, None, None, None,
+         {"sched": "scheduler", "step": 3, "out": [["r1", 7], ["r2", None], ["r3", "pooled"]], "error": None}),
+    ]
+    for ev in events:
+        line = to_line(ev)
+        assert "\n" not in line
+        assert json.loads(line) == dict(zip(FIELDS, ev))

@@ -115,6 +115,14 @@ def _tuples(args: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
 
 
+REQUEST_KEYS = ("prompt", "probe", "session", "target")
+
+
+def _params(d: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of a recorded arrival: every key but the request's own."""
+    return _tuples({k: v for k, v in d.items() if k not in REQUEST_KEYS})
+
+
 # -- what the recording says ----------------------------------------------------------------------
 def steps_of(events: Iterable[Event]) -> dict[str, list[tuple[int, list[Any]]]]:
     out: dict[str, list[tuple[int, list[Any]]]] = defaultdict(list)
@@ -255,11 +263,11 @@ class _Driver:
             assert e.rid is not None
             self.incarnation[e.rid] += 1
             stop_at = self.stops.get((e.rid, self.incarnation[e.rid]))
-            rt.generate(list(d["prompt"]), SamplingParams(**_tuples(d["sampling"])), rid=e.rid,
+            rt.generate(list(d["prompt"]), SamplingParams(**_params(d)), rid=e.rid,
                         detokenizer=ReplayDetokenizer(stop_at), is_probe=d.get("probe", False),
                         session=d.get("session"))
         elif e.event == "pool":
-            rt.pool(list(d["prompt"]), PoolingParams(**_tuples(d["pooling"])), rid=e.rid,
+            rt.pool(list(d["prompt"]), PoolingParams(**_params(d)), rid=e.rid,
                     is_probe=d.get("probe", False), target=d.get("target"))
         elif e.event == "abort":
             assert e.rid is not None
