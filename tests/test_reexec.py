@@ -10,6 +10,7 @@ clock. Re-execution must reproduce every step's batch and every transition.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -179,6 +180,16 @@ async def test_a_changed_batching_policy_is_detected_at_its_first_differing_step
     assert f"first differing step of scheduler: step {first_big + 1} (seq {gen_steps[first_big][0]})" in out
     assert await asyncio.to_thread(cli, ["replay", "--reexecute", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
+
+
+async def test_events_before_the_runtime_started_do_not_shift_the_inputs(tmp_path):
+    path = tmp_path / "run.jsonl"
+    await chaos(path, seed=4, in_thread=False, n=100)
+    _, events = read_recording(path)
+    early = [dataclasses.replace(events[0], seq=0, kind="message", event="Hello", data=None)]
+    shifted = [dataclasses.replace(e, seq=e.seq + 1) for e in early + events]
+    report = await reexecute(shifted)
+    assert report.ok and report.drift == 0, report.format()
 
 
 async def test_a_recording_without_its_start_cannot_be_reexecuted(tmp_path, capsys):

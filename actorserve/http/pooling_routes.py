@@ -218,7 +218,7 @@ async def rerank(request: web.Request) -> web.Response:
         yes, no = word_token_ids(ctx, ["yes"]), word_token_ids(ctx, ["no"])
         if not yes or not no:
             raise APIError(400, "the generation model's vocabulary has no single 'yes'/'no' token; "
-                                f"load a cross-encoder with --rerank-model PATH")
+                                "load a cross-encoder with --rerank-model PATH")
         prompts = [ctx.tokenizer.apply_chat_template(
             [{"role": "system", "content": JUDGE_SYSTEM},
              {"role": "user", "content": f"<Query>: {body.query}\n<Document>: {d}\n"

@@ -101,9 +101,9 @@ class ReexecReport:
                          f"{t.recorded}, replayed {t.replayed}")
         if len(self.transition_diffs) > limit:
             lines.append(f"  ... {len(self.transition_diffs) - limit} more instances differ")
-        if self.drift:
-            lines.append(f"  {self.drift} inputs placed off their recorded point (first at seq "
-                         f"{self.first_drift[0]}: {self.first_drift[1]})" if self.first_drift else "")
+        if self.drift and self.first_drift is not None:
+            seq, what = self.first_drift
+            lines.append(f"  {self.drift} inputs placed off their recorded point (first at seq {seq}: {what})")
         return "\n".join(lines)
 
 
@@ -197,6 +197,8 @@ class _Driver:
         for s in [self.rt.scheduler, *self.rt.pool_schedulers.values()]:
             s.runner = self._hold
         self.report = ReexecReport(inputs=len(self.inputs))
+        # events the recording has before the runtime's set-up (made by whoever owned the recorder)
+        self.offset = self.inputs[0].seq - 1
         self.futures: list[Any] = []
         self.shut_down = False
 
@@ -206,7 +208,7 @@ class _Driver:
     async def _pump(self, until: int | None) -> None:
         """Run turns, in order, until `until` events exist (or nothing more can happen)."""
         idle_spins = 0
-        while until is None or self.rec.seq < until:
+        while until is None or self.rec.seq + self.offset < until:
             if self.queue:
                 fn, actor = self.queue.popleft()
                 fn(actor)
@@ -231,7 +233,7 @@ class _Driver:
         self._keep(self.rt.begin())
         for e in self.inputs[1:]:
             await self._pump(e.seq - 1)
-            if self.rec.seq != e.seq - 1:
+            if self.rec.seq + self.offset != e.seq - 1:
                 self._drifted(e)
             self.clock.set_time(e.t_ns / 1e9)
             if e.event == "shutdown":
