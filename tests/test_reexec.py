@@ -29,19 +29,20 @@ from actorserve.messages import (
     PauseGeneration, SessionBegin,
 )
 from actorserve.replay.check import check
-from actorserve.replay.recorder import FlightRecorder, read_recording
+from actorserve.replay.recorder import FlightRecorder, read_all_parts, read_recording
 from actorserve.replay.reexec import RecordingError, reexecute, steps_of
 from actorserve.statemachines import LIFECYCLES
 
 BATCH = BatchConfig(max_num_seqs=48, max_batch_tokens=256, max_prefill_chunk=32)
 
 
-async def chaos(path, *, seed: int, in_thread: bool, n: int = 1000) -> Counter:
+async def chaos(path, *, seed: int, in_thread: bool, n: int = 1000, max_bytes: int = 1 << 30,
+                backups: int = 3) -> Counter:
     """Run the chaos workload with a recorder writing `path`; return what the clients saw."""
     rng = random.Random(seed)
     clock = ManualClock()
-    rec = FlightRecorder(path=path, clock=clock, capacity=2_000_000, max_bytes=1 << 30,
-                         lifecycles=LIFECYCLES.values())
+    rec = FlightRecorder(path=path, clock=clock, capacity=2_000_000, max_bytes=max_bytes,
+                         backups=backups, lifecycles=LIFECYCLES.values())
     cfg = SchedulerConfig(batch=BATCH, step_in_thread=in_thread, watchdog_timeout_s=5.0,
                           pool_batch_wait_s=0.005)
     rt = Runtime(FakeEngine(num_blocks=512, block_size=4, keep_history=False), config=cfg,
@@ -190,6 +191,23 @@ async def test_events_before_the_runtime_started_do_not_shift_the_inputs(tmp_pat
     shifted = [dataclasses.replace(e, seq=e.seq + 1) for e in early + events]
     report = await reexecute(shifted)
     assert report.ok and report.drift == 0, report.format()
+
+
+async def test_a_rotated_recording_is_reexecuted_whole_and_a_gap_is_refused(tmp_path, capsys):
+    path = tmp_path / "run.jsonl"
+    await chaos(path, seed=6, in_thread=False, n=300, max_bytes=100_000, backups=50)
+    parts = sorted(tmp_path.glob("run.jsonl.*"))
+    assert len(parts) >= 3
+    header, events = read_all_parts(path)
+    assert events[0].seq == 1 and [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert (await reexecute(events)).ok
+    assert await asyncio.to_thread(cli, ["replay", "--reexecute", str(path)]) == 0
+    capsys.readouterr()
+    (tmp_path / "run.jsonl.2").unlink()
+    with pytest.raises(ValueError, match="gap"):
+        read_all_parts(path)
+    assert await asyncio.to_thread(cli, ["replay", "--reexecute", str(path)]) == 2
+    assert "gap" in capsys.readouterr().err
 
 
 async def test_a_recording_without_its_start_cannot_be_reexecuted(tmp_path, capsys):

@@ -248,12 +248,12 @@ def read_all_parts(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[E
     """Read a rotated recording whole: ``PATH.N`` … ``PATH.1`` then ``PATH``, oldest first.
     Raises `ValueError` when the parts do not join up (a part was lost between them)."""
     base = os.fspath(path)
-    n = 1
-    while os.path.exists(f"{base}.{n}"):
-        n += 1
+    folder, name = os.path.split(base)
+    numbers = sorted((int(f[len(name) + 1:]) for f in os.listdir(folder or ".")
+                      if f.startswith(name + ".") and f[len(name) + 1:].isdigit()), reverse=True)
     header: dict[str, Any] = {}
     events: list[Event] = []
-    for part in [f"{base}.{i}" for i in range(n - 1, 0, -1)] + [base]:
+    for part in [f"{base}.{i}" for i in numbers] + [base]:
         header, evs = read_recording(part)
         if events and evs and evs[0].seq != events[-1].seq + 1:
             raise ValueError(f"{part} starts at seq {evs[0].seq} but the part before it ends at "
