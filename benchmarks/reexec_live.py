@@ -124,6 +124,8 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=30157)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", help="keep the recording at this path")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="extra argument for `actorserve serve` (repeat), e.g. --serve-arg=--watchdog-timeout=1")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from actorserve.replay.check import check
@@ -134,7 +136,8 @@ def main() -> None:
         path = args.keep or os.path.join(d, "live.jsonl")
         base = f"http://127.0.0.1:{args.port}"
         proc = subprocess.Popen([sys.executable, "-m", "actorserve.cli", "serve", "--model", args.model,
-                                 "--port", str(args.port), "--record", path, "--log-level", "warning"])
+                                 "--port", str(args.port), "--record", path, "--log-level", "warning",
+                                 *args.serve_arg])
         try:
             asyncio.run(wait_up(base, proc))
             t0 = time.perf_counter()
