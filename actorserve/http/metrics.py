@@ -1,7 +1,9 @@
 """Prometheus metrics, one `CollectorRegistry` per app (so tests and apps never share state).
 
 * gauges sampled from ``runtime.stats()`` at scrape time (a custom collector, so they are never
-  stale): running / queued requests, KV usage, prefix-cache hit rate, server paused;
+  stale): running / queued requests, KV usage, prefix-cache hit rate, server paused; and per
+  pooling engine (label ``engine``, from ``runtime.pool_stats()``): running / queued requests
+  and model steps;
 * histograms observed by `RequestTimer` as outputs stream: time to first token, inter-token
   latency, end-to-end latency;
 * counters: prompt tokens, generation tokens, requests by kind and finish reason.
@@ -27,9 +29,11 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1
 
 
 class _StatsCollector(Collector):
-    def __init__(self, stats: Callable[[], Any], server_state: Callable[[], str]) -> None:
+    def __init__(self, stats: Callable[[], Any], server_state: Callable[[], str],
+                 pool_stats: Callable[[], dict[str, Any]] | None = None) -> None:
         self._stats = stats
         self._state = server_state
+        self._pool_stats = pool_stats
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         st = self._stats()
@@ -43,13 +47,29 @@ class _StatsCollector(Collector):
                                 value=st.prefix_hit_rate)
         yield GaugeMetricFamily(PREFIX + "server_paused", "1 while generation is paused",
                                 value=1.0 if self._state().startswith("paused") else 0.0)
+        pools = self._pool_stats() if self._pool_stats is not None else {}
+        if pools:
+            running = GaugeMetricFamily(PREFIX + "pool_num_requests_running",
+                                        "Pooling requests in a pooling engine's running batch", labels=["engine"])
+            waiting = GaugeMetricFamily(PREFIX + "pool_num_requests_waiting",
+                                        "Pooling requests queued for a pooling engine", labels=["engine"])
+            steps = GaugeMetricFamily(PREFIX + "pool_steps", "Model steps a pooling engine has run",
+                                      labels=["engine"])
+            for key, ps in sorted(pools.items()):
+                running.add_metric([key], ps.running)
+                waiting.add_metric([key], ps.waiting)
+                steps.add_metric([key], ps.steps)
+            yield running
+            yield waiting
+            yield steps
 
     def describe(self) -> list[Any]:
         return []
 
 
 class Metrics:
-    def __init__(self, stats: Callable[[], Any], server_state: Callable[[], str]) -> None:
+    def __init__(self, stats: Callable[[], Any], server_state: Callable[[], str],
+                 pool_stats: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token",
@@ -62,7 +82,7 @@ class Metrics:
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter(PREFIX + "requests", "Finished requests",
                                 ["kind", "finish_reason"], registry=r)
-        r.register(_StatsCollector(stats, server_state))
+        r.register(_StatsCollector(stats, server_state, pool_stats))
 
     def timer(self, kind: str) -> "RequestTimer":
         return RequestTimer(self, kind)

@@ -148,7 +148,8 @@ async def server_info(request: web.Request) -> web.Response:
         "server_state": rt.server_state, "server_reason": rt.control_actor.server.reason,
         "watchdog": rt.watchdog.status() if rt.watchdog is not None else None,
         "sessions": rt.sessions.describe(), "served_model_name": ctx.served_name,
-        "scheduler": _jsonable(ctx.runtime.stats()), "config": cfg,
+        "scheduler": _jsonable(ctx.runtime.stats()),
+        "pooling": {key: _jsonable(st) for key, st in rt.pool_stats().items()}, "config": cfg,
         "uptime_s": round(time.time() - ctx.created, 3) if ctx.created else None})
 
 
