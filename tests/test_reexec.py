@@ -163,6 +163,12 @@ async def test_a_changed_batching_policy_is_detected_at_its_first_differing_step
     # the embedding scheduler kept its own policy: it can only differ later, as a consequence
     assert all(d.seq is None or d.seq > diff.seq for d in report.step_diffs if d.sched != "scheduler")
 
+    # however far a what-if run strays (requests still running that ended in the recording,
+    # recorded tokens running out), it ends with a report, never an exception
+    stray = await reexecute(events, batch=BatchConfig(max_num_seqs=1, max_batch_tokens=8, max_prefill_chunk=4))
+    assert not stray.ok and stray.step_diffs[0].step == 1 + next(
+        i for i, (_, batch) in enumerate(gen_steps) if len(batch) > 1 or batch[0][1] > 4)
+
     class Youngest(BatchPolicy):     # a subtler change: admit the newest arrival first
         def plan(self, running, lanes, bm):
             for lane in lanes:

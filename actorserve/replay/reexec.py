@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .. import messages as M
-from ..actors.runtime import Runtime
+from ..actors.runtime import DuplicateRequestId, Runtime
 from ..config import SchedulerConfig
 from ..engine.batching import BatchConfig, BatchPolicy
 from ..engine.params import PoolingParams, SamplingParams
@@ -259,6 +259,14 @@ class _Driver:
             task.cancel()
 
     def _apply(self, e: Event) -> None:
+        try:
+            self._feed(e)
+        except DuplicateRequestId:      # after a difference: that request is still running here
+            self._drifted(e)
+        except (TypeError, KeyError) as exc:
+            raise RecordingError(f"seq {e.seq}: cannot rebuild input {e.event!r}: {exc}") from exc
+
+    def _feed(self, e: Event) -> None:
         d = e.data or {}
         rt = self.rt
         if e.event == "generate":
