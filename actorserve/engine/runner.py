@@ -49,6 +49,18 @@ def _default_sampler() -> Sampler:
     return sample
 
 
+class _SamplingRunner:
+    """What both runners share: the sampler, the default one made on first use."""
+
+    _sampler: Sampler | None
+
+    @property
+    def sampler(self) -> Sampler:
+        if self._sampler is None:
+            self._sampler = _default_sampler()
+        return self._sampler
+
+
 def _eos_ids(model: Any, tokenizer: Any = None) -> tuple[int, ...]:
     found: list[int] = []
     sources = [getattr(getattr(model, "generation_config", None), "eos_token_id", None),
@@ -132,7 +144,7 @@ def _finish(outputs: list[SeqOutput], seqs: list[Sequence], where: list[int], hi
             outputs[where[i]].pooled = vec.clone()
 
 
-class PagedLlamaRunner:
+class PagedLlamaRunner(_SamplingRunner):
     """Paged-KV runner over a Llama-family HF model (see the module docstring)."""
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, sampler: Sampler | None = None,
@@ -162,12 +174,6 @@ class PagedLlamaRunner:
         act = getattr(cfg, "hidden_act", None)
         self._silu_mlp = act == "silu" and all(hasattr(self.layers[0].mlp, a)
                                                for a in ("gate_proj", "up_proj", "down_proj"))
-
-    @property
-    def sampler(self) -> Sampler:
-        if self._sampler is None:
-            self._sampler = _default_sampler()
-        return self._sampler
 
     def release(self, seq: Sequence) -> None:
         """Nothing to forget: all per-sequence state lives in the block table."""
@@ -228,7 +234,7 @@ class PagedLlamaRunner:
         return outputs
 
 
-class HFFallbackRunner:
+class HFFallbackRunner(_SamplingRunner):
     """Any causal LM through its plain HF forward, recomputing the whole prefix each time.
 
     A chunk that stops short of the end has nothing to produce and costs nothing; a member
@@ -244,12 +250,6 @@ class HFFallbackRunner:
         self.info = engine_info(model, num_blocks=num_blocks, block_size=block_size, tokenizer=tokenizer,
                                 model_name=model_name, max_model_len=max_model_len)
         self._sampler = sampler
-
-    @property
-    def sampler(self) -> Sampler:
-        if self._sampler is None:
-            self._sampler = _default_sampler()
-        return self._sampler
 
     def release(self, seq: Sequence) -> None:
         """Nothing to forget: this runner keeps no per-sequence state."""
