@@ -12,7 +12,9 @@ from actorserve.actors.runtime import DuplicateRequestId
 from actorserve.engine.batching import BatchConfig
 from actorserve.engine.fake import FakeDetokenizer, FakeEngine
 from actorserve.engine.params import PoolingParams, SamplingParams
-from actorserve.messages import AbortRequest, ContinueGeneration, FlushCache, PauseGeneration, Release
+from actorserve.messages import (
+    Aborted, AbortRequest, ContinueGeneration, FlushCache, PauseGeneration, Release,
+)
 from actorserve.replay.check import check
 
 from runtime_helpers import assert_nothing_held, make_runtime
@@ -185,7 +187,9 @@ async def test_a_request_actor_that_ended_on_its_own_is_never_told_again():
     pause = rt.control(PauseGeneration("in_place"))
     await rt.quiesce()
     assert (await pause).ok and gone.actor.state.name == "paused"
-    gone.actor.stop()                       # ended; its Release is still on the way
+    gone.actor.tell(Aborted(gone.rid, "ended on its own"))   # through its lifecycle; the
+    await rt.quiesce()                                       # scheduler has not heard of it
+    assert gone.actor.state.name == "aborted" and not gone.actor.alive and gone.rid in rt.scheduler.seqs
     res = await rt.control(ContinueGeneration())
     assert res.ok, res
     await rt.quiesce()

@@ -12,9 +12,7 @@ at once (its client gets `finish_reason: abort` right away), and its blocks are 
 the in-flight step returns — never while the worker thread may still read its block table.
 A pause that arrives mid-step takes effect at the step boundary, and its reply waits for it.
 
-Pause modes: `abort` aborts everything in flight; `retract` frees all KV and puts running
-requests back at the front of the queue (recomputed on continue); `in_place` forms no new
-batch and keeps the KV. While paused in any mode new requests queue up; `Continue` resumes.
+Pause, continue and flush are in `scheduler_control.py` (the `SchedulerControl` base).
 """
 
 from __future__ import annotations
@@ -28,13 +26,11 @@ from ..engine.base import Engine
 from ..engine.batching import BatchConfig, BatchPolicy
 from ..engine.block_manager import BlockManager
 from ..messages import (
-    Abort, Aborted, BatchWindowClosed, Continue, ControlResult, Failed, Flush, FlushTimeout, Pause, Paused,
-    PoolOut, PrefillProgress, Progress, ProgressQuery, Release, Resumed, Retracted, Scheduled,
-    StepDone, Submit, TokenOut,
+    Abort, Aborted, BatchWindowClosed, ControlResult, Failed, PoolOut, PrefillProgress, Progress,
+    ProgressQuery, Release, Retracted, Scheduled, StepDone, Submit, TokenOut,
 )
 from .actor import Actor, handles
-
-PAUSE_MODES = ("abort", "retract", "in_place")
+from .scheduler_control import SchedulerControl
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +50,7 @@ class SchedulerStats:
     prompt_tokens: int
 
 
-class SchedulerActor(Actor):
+class SchedulerActor(SchedulerControl):
     mailbox_capacity = 1 << 16
 
     def __init__(self, engine: Engine, *, batch: BatchConfig | None = None,
@@ -65,7 +61,6 @@ class SchedulerActor(Actor):
         self.batch_wait_s = batch_wait_s     # batching window of an idle scheduler (0 = none)
         self._window: Any = None             # the open window's timer
         self._window_closed = False
-        self._window_counted = False
         info = engine.info
         self.bm = block_manager or BlockManager(info.num_blocks, info.block_size)
         self.policy = BatchPolicy(batch)
@@ -151,92 +146,11 @@ class SchedulerActor(Actor):
     def _release(self, msg: Release) -> None:
         self._drop(msg.rid)
 
-    # -- pause / continue / flush --------------------------------------------------------------
-    @handles(Pause)
-    def _pause(self, msg: Pause) -> Any:
-        if msg.mode not in PAUSE_MODES:
-            return ControlResult(False, f"unknown pause mode {msg.mode!r}; use one of {PAUSE_MODES}")
-        if self.paused_mode is not None:
-            return ControlResult(False, f"already paused ({self.paused_mode}); continue first")
-        if self.inflight is not None:  # take effect at the step boundary
-            if self._pending_pause is not None:
-                return ControlResult(False, "a pause is already pending")
-            fut = asyncio.get_running_loop().create_future()
-            self._pending_pause = (msg.mode, fut)
-            return fut
-        return self._apply_pause(msg.mode)
-
-    def _apply_pause(self, mode: str) -> ControlResult:
-        self.paused_mode = mode
-        n = len(self.running)
-        if mode == "abort":
-            n = self._abort(Abort(abort_all=True))
-        elif mode == "retract":
-            for seq in self.running:
-                self.bm.free(seq)
-                self._tell(seq.rid, Retracted(seq.rid))
-            self.lane.extendleft(reversed(self.running))
-            self.running.clear()
-        else:  # a pooling forward has no paused state: it just is not stepped until continue
-            for seq in self.running:
-                if seq.pooling is None:
-                    self._tell(seq.rid, Paused(seq.rid))
-        return ControlResult(True, f"paused ({mode})", {"mode": mode, "affected": n})
-
-    @handles(Continue)
-    def _continue(self, msg: Continue) -> ControlResult:
-        if self._pending_pause is not None:  # not applied yet: cancel it, nothing to resume
-            _, fut = self._pending_pause
-            self._pending_pause = None
-            if not fut.done():
-                self._reply(fut, ControlResult(False, "pause cancelled by continue_generation"))
-            return ControlResult(True, "continued (a pending pause was cancelled)", {"was": None})
-        mode, self.paused_mode = self.paused_mode, None
-        if mode == "in_place":
-            for seq in self.running:
-                if seq.pooling is None:
-                    self._tell(seq.rid, Resumed(seq.rid))
-        return ControlResult(True, "continued" if mode else "was not paused", {"was": mode})
-
-    @property
-    def idle(self) -> bool:
-        return not self.seqs and self.inflight is None
-
-    @handles(Flush)
-    def _flush(self, msg: Flush) -> Any:
-        if self.paused_mode == "in_place":
-            return ControlResult(False, "cannot flush while paused in_place: the KV is kept")
-        if self.idle:
-            return self._do_flush()
-        if not msg.wait:
-            return ControlResult(False, f"engine busy: {len(self.seqs)} requests in flight",
-                                 {"busy": len(self.seqs)})
-        fut = asyncio.get_running_loop().create_future()
-        if self._flush_waiter is not None:
-            self._reply(fut, ControlResult(False, "another flush is already waiting for idle"))
-        else:
-            self._flush_waiter = fut
-        return fut
-
-    @handles(FlushTimeout)
-    def _flush_timeout(self, msg: FlushTimeout) -> None:
-        w, self._flush_waiter = self._flush_waiter, None
-        if w is not None and not w.done():
-            self._reply(w, ControlResult(False, "timed out waiting for the engine to become idle",
-                                         {"busy": len(self.seqs)}))
-
-    def _do_flush(self) -> ControlResult:
-        n = self.bm.flush()
-        return ControlResult(True, "prefix cache flushed", {"freed_blocks": n})
-
     # -- stepping ------------------------------------------------------------------------------
     def on_drained(self) -> None:
         if self.inflight is not None:
             return
-        if self._flush_waiter is not None and self.idle and self.paused_mode != "in_place":
-            w, self._flush_waiter = self._flush_waiter, None
-            if not w.done():
-                self._reply(w, self._do_flush())
+        self._settle_flush()
         if self.paused_mode is not None:
             return
         if self._hold_for_batch():
@@ -286,7 +200,7 @@ class SchedulerActor(Actor):
         if self._window is None:
             sysm = self.system
             assert sysm is not None
-            counted = self._window_counted = getattr(sysm.clock, "runs_by_itself", True)
+            counted = self._window_busy
             if counted:
                 sysm._inc()
 
@@ -299,6 +213,11 @@ class SchedulerActor(Actor):
 
             self._window = sysm.call_later(self.batch_wait_s, close, f"{self.name}:batch_window")
         return True
+
+    @property
+    def _window_busy(self) -> bool:
+        """An open window counts for `quiesce` only on a clock that fires it by itself."""
+        return getattr(self.system.clock, "runs_by_itself", True) if self.system is not None else False
 
     @handles(BatchWindowClosed)
     def _window_done(self, msg: BatchWindowClosed) -> None:
@@ -340,12 +259,7 @@ class SchedulerActor(Actor):
             self.bm.free(seq)
             self.engine.release(seq)
         self._free_after_step.clear()
-        if self._pending_pause is not None:
-            mode, fut = self._pending_pause
-            self._pending_pause = None
-            res = self._apply_pause(mode)
-            if not fut.done():
-                self._reply(fut, res)
+        self._apply_pending_pause()
 
     def _tell(self, rid: str, message: Any) -> None:
         """Tell a request actor, unless it has already stopped: an actor that ended on its own
@@ -409,12 +323,10 @@ class SchedulerActor(Actor):
             self._window.cancel()
             self._window = None
             assert self.system is not None
-            if self._window_counted:
+            if self._window_busy:
                 self.system._dec()
         for rid in list(self.seqs):
             actor = self._drop(rid)
             if actor is not None and actor.alive:
                 actor.tell(Aborted(rid, "server shutting down"))
-        for fut in (self._flush_waiter, self._pending_pause[1] if self._pending_pause else None):
-            if fut is not None and not fut.done():
-                self._reply(fut, ControlResult(False, "server shutting down"))
+        self._answer_waiters("server shutting down")

@@ -166,7 +166,6 @@ def _model_answers(events: list[Event]) -> tuple[dict[str, deque[int]], dict[tup
 class _Driver:
     def __init__(self, events: list[Event], *, batch: BatchConfig | None,
                  policy: BatchPolicy | None) -> None:
-        self.events = events
         self.inputs = [e for e in events if e.kind == "input"]
         if not self.inputs or self.inputs[0].event != "runtime":
             raise RecordingError("the recording does not start with the runtime's set-up (an 'input' "
