@@ -5,12 +5,17 @@ Families (the receiving actor in brackets):
 * client -> runtime:  `Submit` [scheduler]
 * control plane:      `AbortRequest`, `PauseGeneration`, `ContinueGeneration`, `FlushCache`
                       [control], which become `Abort`, `Pause`, `Continue`, `Flush` [scheduler]
-* scheduler -> request actor: `Scheduled`, `PrefillProgress`, `TokenOut`, `PoolOut`, `Paused`,
-                      `Resumed`, `Retracted`, `Aborted`, `Failed`
-* request actor -> scheduler: `Release` (finished early: stop string, own failure)
+* scheduler -> request actor: `Scheduled`, `PrefillProgress`, `PoolOut`, `Paused`, `Resumed`,
+                      `Retracted`; for a generation request `Aborted` and `Failed` go through the
+                      output stage (which adds the held-back text)
+* scheduler -> output stage: `StepOutputs` (one per step, asked; answered `OutputsDone`), `Forget`
+* output stage -> request actor: `TokenOut` (detokenized, finish decided), `Aborted`, `Failed`
+* runtime -> output stage: `Track`; runtime -> request actor: `Delivered` (client has the end)
+* request actor -> scheduler: `Release` (its own failure)
 * scheduler -> itself: `StepDone` (a model step came back from its worker thread)
+* control -> scheduler: `WhenIdle` (answered as `SchedulerIdle`: a waiting flush, a drain)
 * watchdog:           `WatchdogTick` (its timer), `ProgressQuery` -> `Progress` [scheduler],
-                      `WatchdogReport`, `WatchdogAck`; it moves the server with `ServerEvent`
+                      `WatchdogReport`; it tells the control actor its `HealthVerdict`
 * sessions:           `OpenSession`, `CloseSession` [control -> sessions], `SessionBegin` (a
                       request joins), `SessionEnd` (from the request actor), `SessionReap` (timer)
 
@@ -48,6 +53,7 @@ class AbortRequest:
     rid: str | None = None
     prefix: bool = False
     abort_all: bool = False
+    reason: str = "abort"     # why: abort (the route), or e.g. "client disconnected", a probe timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +102,13 @@ class Continue:
 
 @dataclass(frozen=True, slots=True)
 class Flush:
-    wait: bool = False      # if busy, wait for idle (the control actor bounds the wait)
+    """Clear the prefix cache if no request is in flight (else answered busy)."""
 
 
 @dataclass(frozen=True, slots=True)
 class FlushTimeout:
-    pass
+    """The timeout of waiting flush record `rid` ran out (the control actor's timer)."""
+    rid: str
 
 
 # -- scheduler -> request actor -------------------------------------------------------------------
@@ -121,11 +128,13 @@ class PrefillProgress:
 
 @dataclass(frozen=True, slots=True)
 class TokenOut:
+    """One generated token, detokenized by the output stage (`text` is the stable delta)."""
     rid: str
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     finish_reason: str | None = None     # set on the last token: stop | length
+    text: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +151,7 @@ class Paused:
 @dataclass(frozen=True, slots=True)
 class Resumed:
     rid: str
+    prefill_complete: bool = True     # the sequence's prompt is in the KV: back to decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,12 +163,64 @@ class Retracted:
 class Aborted:
     rid: str
     reason: str = "abort"
+    text: str = ""           # what the output stage still held back (the partial text's tail)
 
 
 @dataclass(frozen=True, slots=True)
 class Failed:
     rid: str
     error: str
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """The client took the request's final output off its stream: the request is done."""
+    rid: str
+
+
+# -- scheduler <-> output stage -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Track:
+    """A generation request starts: the output stage keeps its detokenizer and its actor."""
+    rid: str
+    actor: Any               # the request actor (inside the runtime; never crosses to HTTP)
+    detokenizer: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """The scheduler let go of a request that ended on its own: drop its output state."""
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenItem:
+    """One member's token of a step, with the scheduler's verdict (EOS, length) if any."""
+    rid: str
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutputs:
+    """One batched message per step (asked): the stage answers with the rids it finished
+    (stop strings), before the scheduler plans the next step."""
+    step: int
+    items: tuple[TokenItem, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputsDone:
+    """The output stage's answer to `StepOutputs`, back at the scheduler."""
+    step: int
+    stopped: tuple[str, ...]
+    failed: tuple[str, ...] = ()      # its output failed in the stage (the stage told the actor)
+    error: BaseException | None = None
 
 
 # -- scheduler -> itself --------------------------------------------------------------------------
@@ -201,18 +263,36 @@ class RequestOutput:
 
 @dataclass(frozen=True, slots=True)
 class ControlDone:
-    """The scheduler's answer to a control request came back to the control actor."""
+    """A scheduler's (or the session actor's) answer to control record `rid` came back."""
     rid: str
     result: Any
     error: BaseException | None
-    reply: Any          # the caller's future
 
 
 @dataclass(frozen=True, slots=True)
 class ServerEvent:
-    """Move the server lifecycle: ready, drain, stop, stall, recover."""
+    """Move the server lifecycle: ready, drain, stop."""
     event: str
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Start draining; answered once every scheduler has no request left."""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WhenIdle:
+    """Asked of a scheduler: answered (True) the moment it has no request and no step."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerIdle:
+    """A scheduler's `WhenIdle` answer, back at the control actor for record `rid`."""
+    rid: str
+    sched: str
+    error: BaseException | None = None
 
 
 # -- watchdog -------------------------------------------------------------------------------------
@@ -242,9 +322,11 @@ class WatchdogReport:
 
 
 @dataclass(frozen=True, slots=True)
-class WatchdogAck:
-    event: str               # stall | recover
+class HealthVerdict:
+    """The watchdog's verdict after each report: the control actor moves the health region
+    (`stall` / `recover`) only when the verdict differs from it."""
     ok: bool
+    reason: str = ""
 
 
 # -- sessions -------------------------------------------------------------------------------------

@@ -30,5 +30,9 @@ def assert_nothing_held(rt: Runtime) -> None:
     assert rt.live_actors() == []
     for actor in rt.system.actors.values():
         assert actor.statistics().current_size == 0, actor
-    assert rt.scheduler.inflight is None and not rt.scheduler._free_after_step
+    assert not rt.scheduler.inflight and not rt.scheduler._free_after_step
+    assert rt.scheduler.state.name in ("idle", "paused_abort", "paused_retract", "paused_in_place"), \
+        rt.scheduler.state
+    assert rt.stage.tracked == {}, rt.stage.tracked       # the output stage let go of every request
+    assert rt.control_actor.open == {}, rt.control_actor.open
     assert rt.system.busy == 0

@@ -56,36 +56,42 @@ async def test_watchdog_marks_and_clears_unhealthy():
     for _ in range(40):                       # idle for 50 virtual seconds: nothing is pending
         clock.advance(1.25)
         await rt.quiesce()
-    assert rt.server_state == "serving"
+    assert rt.snapshot().health == "healthy"
     stall["on"] = True
     h = rt.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
     assert await asyncio.to_thread(started.wait, 10)
     for _ in range(3):                        # 3.75 s without a step: still within the timeout
         clock.advance(1.25)
         await until(lambda: not wd.asking and wd.mailbox.statistics().current_size == 0)
-    assert rt.server_state == "serving"
+    assert rt.snapshot().health == "healthy"
     for _ in range(3):
         clock.advance(1.25)
         await until(lambda: not wd.asking and wd.mailbox.statistics().current_size == 0)
-    await until(lambda: rt.server_state == "unhealthy")
-    reason = rt.control_actor.server.reason
-    assert "no scheduler step completed" in reason and "1 request(s) pending" in reason
-    assert wd.status()["stalled"] and wd.stalls == 1
+    await until(lambda: rt.snapshot().health == "unhealthy")
+    snap = rt.snapshot()
+    assert snap.state == "serving"             # the run phase is untouched: health is its own region
+    assert "no scheduler step completed" in snap.health_reason and "1 request(s) pending" in snap.health_reason
+    info = rt.server_info()
+    assert info["watchdog"]["stalled"] and info["watchdog"]["stalls"] == 1
     stall["on"] = False
     gate.set()
     assert (await h.stream.final()).finish_reason == "length"
     await rt.quiesce()
     clock.advance(1.25)
     await rt.quiesce()
-    assert rt.server_state == "serving" and not wd.stalled
-    evs = [(e.event, e.dst) for e in rec.events(rid="server", kind="server")]
-    assert ("stall", "unhealthy") in evs and evs[-1] == ("recover", "serving")
+    assert rt.snapshot().health == "healthy" and not rt.server_info()["watchdog"]["stalled"]
+    evs = [(e.event, e.dst) for e in rec.events(rid="health", kind="health")]
+    assert evs == [("create", "healthy"), ("stall", "unhealthy"), ("recover", "healthy")]
+    assert [e.event for e in rec.events(rid="server", kind="server")] == ["create", "ready"]
     assert check(rec.events()).ok
     assert_nothing_held(rt)
     await rt.shutdown()
 
 
-async def test_a_pause_that_waited_at_a_stalled_step_shows_after_recovery():
+async def test_a_server_can_be_paused_and_unhealthy_at_once():
+    """A pause that waited at a stalled step applies while the server is unhealthy: the run
+    phase goes paused_in_place, the health region stays unhealthy until a step completes, and
+    recovering re-fires nothing (both regions are states of their own machines)."""
     gate, started, stall = threading.Event(), threading.Event(), {"on": True}
 
     def fault(batch):
@@ -100,17 +106,20 @@ async def test_a_pause_that_waited_at_a_stalled_step_shows_after_recovery():
     for _ in range(8):
         clock.advance(0.25)
         await asyncio.sleep(0.01)
-    await until(lambda: rt.server_state == "unhealthy")
-    assert not pause.done()
+    await until(lambda: rt.snapshot().health == "unhealthy")
+    assert not pause.done() and rt.scheduler.state.name == "pausing"
     stall["on"] = False
     gate.set()
     assert (await pause).ok
-    assert rt.server_state == "unhealthy"        # still: no step has completed since the pause
+    snap = rt.snapshot()
+    assert (snap.state, snap.health) == ("paused_in_place", "unhealthy")   # both at once
     clock.advance(0.25)
-    await until(lambda: rt.server_state != "unhealthy")
-    assert rt.server_state == "paused(in_place)"
+    await until(lambda: rt.snapshot().health == "healthy")
+    assert rt.server_state == "paused_in_place"
     await rt.control(ContinueGeneration())
     assert rt.server_state == "serving"
+    server = [e.event for e in rec.events(rid="server", kind="server")]
+    assert server == ["create", "ready", "pause_in_place", "resume"]   # no synthetic events
     assert (await h.stream.final()).finish_reason == "length"
     await rt.quiesce()
     assert check(rec.events()).ok
@@ -124,7 +133,7 @@ async def test_watchdog_ignores_a_pause_in_place():
     for _ in range(20):
         clock.advance(0.5)
         await rt.quiesce()
-    assert rt.server_state == "paused(in_place)"
+    assert rt.server_state == "paused_in_place" and rt.snapshot().health == "healthy"
     await rt.control(ContinueGeneration())
     assert (await h.stream.final()).finish_reason == "length"
     await rt.shutdown()

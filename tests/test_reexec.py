@@ -83,7 +83,7 @@ async def chaos(path, *, seed: int, in_thread: bool, n: int = 1000, max_bytes: i
                                        detokenizer=FakeDetokenizer(stop=("<5",) if i % 7 == 0 else ())))
         r = rng.random()
         if r < 0.10:
-            rt.abort(rng.choice(handles).rid)                                  # a client disconnect
+            pending.append(rt.abort(rng.choice(handles).rid, "client went away"))   # a disconnect
         elif r < 0.12:
             pending.append(rt.control(AbortRequest(rid=rng.choice(handles).rid)))
         elif r < 0.14:
@@ -130,9 +130,13 @@ async def test_chaos_recording_replays_clean_and_reexecutes_step_for_step(tmp_pa
     assert report.ok, report.violations[:5]
     assert report.requests["generation"] + report.requests["pooling"] >= 1000
     inputs = Counter(e.event for e in events if e.kind == "input")
-    for what in ("generate", "pool", "abort", "control", "session", "health_done", "step_end",
+    for what in ("generate", "pool", "delivered", "control", "session", "health_done", "step_end",
                  "timer", "shutdown"):
         assert inputs[what] > 0, (what, inputs)
+    assert inputs["abort"] == 0           # a disconnect is a control request like every abort
+    reasons = Counter(e.data["args"]["reason"] for e in events if e.kind == "input"
+                      and e.event == "control" and e.data["op"] == "AbortRequest")
+    assert reasons["client went away"] > 0 and reasons["abort"] > 0, reasons
     ops = Counter((e.data or {}).get("op") for e in events if e.kind == "input" and e.event == "control")
     assert {"AbortRequest", "PauseGeneration", "ContinueGeneration", "FlushCache", "HealthCheck",
             "OpenSession", "CloseSession"} <= set(ops), ops

@@ -54,6 +54,7 @@ async def test_chunked_prefill_stays_in_prefill():
     g = rt.generate(list(range(1, 11)), SamplingParams(max_new_tokens=1))
     out = await g.stream.final()
     assert out.token_ids == expected_tokens(list(range(1, 11)), 1)
+    await rt.quiesce()          # `deliver` follows the client's taking of the final output
     evs = [e.event for e in rec.events(rid=g.rid, kind="generation")]
     assert evs == ["create", "schedule", "prefill_chunk", "prefill_chunk", "first_token", "finish", "deliver"]
     assert [n for step in engine.history for (_, n) in step] == [4, 4, 2]
@@ -99,11 +100,10 @@ async def test_a_handler_that_raises_fails_its_request_and_the_runtime_goes_on()
     good = rt.generate([3, 4], SamplingParams(max_new_tokens=5), detokenizer=FakeDetokenizer())
     bo, go = await bad.stream.final(), await good.stream.final()
     assert bo.finish_reason == "error"
-    assert "TokenOut" in bo.error and "ValueError: cannot decode" in bo.error
+    assert "output stage" in bo.error and "ValueError: cannot decode" in bo.error
     assert go.finish_reason == "length" and len(go.token_ids) == 5
     await rt.quiesce()
     assert [e.dst for e in rec.events(rid=bad.rid, kind="generation")][-1] == "failed"
-    assert any(name == f"req:{bad.rid}" for name, _, _ in rt.system.failures)
     assert check(rec.events()).ok
     assert_nothing_held(rt)
     await rt.shutdown()
@@ -136,7 +136,7 @@ async def test_pause_and_continue_give_the_same_tokens(mode):
     for _ in range(20):
         await asyncio.sleep(0)
     res = await rt.control(PauseGeneration(mode))
-    assert res.ok and rt.server_state == f"paused({mode})"
+    assert res.ok and rt.server_state == f"paused_{mode}"
     await rt.quiesce()
     st = rt.stats()
     if mode == "retract":
@@ -186,14 +186,17 @@ async def test_a_request_actor_that_ended_on_its_own_is_never_told_again():
     other = rt.generate([2, 7], SamplingParams(max_new_tokens=20, ignore_eos=True))
     pause = rt.control(PauseGeneration("in_place"))
     await rt.quiesce()
-    assert (await pause).ok and gone.actor.state.name == "paused"
-    gone.actor.tell(Aborted(gone.rid, "ended on its own"))   # through its lifecycle; the
+    gone_actor, other_actor = rt.system.get(f"req:{gone.rid}"), rt.system.get(f"req:{other.rid}")
+    assert (await pause).ok and gone_actor.state.name == "paused"
+    gone_actor.tell(Aborted(gone.rid, "ended on its own"))   # through its lifecycle; the
     await rt.quiesce()                                       # scheduler has not heard of it
-    assert gone.actor.state.name == "aborted" and not gone.actor.alive and gone.rid in rt.scheduler.seqs
+    assert gone_actor.state.name == "aborted" and not gone_actor.alive and gone.rid in rt.scheduler.seqs
     res = await rt.control(ContinueGeneration())
     assert res.ok, res
     await rt.quiesce()
-    assert other.actor.alive is False and (await other.stream.final()).finish_reason == "length"
+    assert (await other.stream.final()).finish_reason == "length"
+    await rt.quiesce()
+    assert other_actor.alive is False
     rt.scheduler.tell(Release(gone.rid, "stop"))
     await rt.quiesce()
     assert rt.system.failures == []
@@ -235,10 +238,11 @@ async def test_flush_refused_when_busy_waits_with_timeout_and_times_out():
     assert (await waiting).ok
     await h.stream.final()
     await rt.quiesce()
-    waited = [e.rid for e in rec.events(kind="control") if e.event == "wait"]
-    assert len(waited) == 2                     # both timed flushes waited; the second was refused
-    paths = {rid: [e.dst for e in rec.events(rid=rid, kind="control")] for rid in waited}
-    assert sorted(paths.values()) == [["received", "waiting", "applied"], ["received", "waiting", "rejected"]]
+    flushes = [e.rid for e in rec.events(kind="control") if e.event == "create" and e.data["op"] == "flush_cache"]
+    paths = [[e.dst for e in rec.events(rid=rid, kind="control")] for rid in flushes]
+    # busy without a timeout: refused; the timed one waits and applies; a second timed one while
+    # the first waits is refused at once
+    assert paths == [["received", "rejected"], ["received", "waiting", "applied"], ["received", "rejected"]]
     # time out: the engine stays busy longer than the timeout
     gate.clear()
     h2 = rt.generate([7, 8], SamplingParams(max_new_tokens=1))

@@ -2,198 +2,290 @@
 
 Control requests are not generation requests with an odd route. Each one becomes a
 `ControlRecord` walking the control lifecycle ``received -> applied | rejected`` (a flush
-with a timeout passes through ``waiting``), and reaches the scheduler as a message that
-becomes transitions of the request machines. The control actor also owns the server
-lifecycle (``starting -> serving <-> paused(mode) -> draining -> stopped``, ``unhealthy``).
+with a timeout, a health probe and an abort that reaches several schedulers pass through
+``waiting``), and reaches the schedulers as messages that become transitions of the request
+machines. Every abort goes through here — the `/abort_request` route, a client that
+disconnected, a health probe that timed out, a pooling request's caller that left — so each
+one is a recorded control request with its reason.
 
-The control actor never waits inside a handler: it asks the scheduler and the answer comes
-back as a `ControlDone` message, where the record's final transition fires and the HTTP
-caller's future resolves.
+The control actor also owns the server's two orthogonal regions: the SERVER lifecycle
+(``starting -> serving <-> paused_<mode> -> draining -> stopped``) and the HEALTH lifecycle
+(``healthy <-> unhealthy``, moved by the watchdog's `HealthVerdict`). A paused server that
+stalls is ``paused_retract`` and ``unhealthy`` at once; nothing is re-fired when it recovers.
+
+The control actor never waits inside a handler: it asks a scheduler and the answer comes back
+as a `ControlDone` (or `SchedulerIdle`) message, where the record's final transition fires and
+the caller's future resolves. Open records are kept by rid until they end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from typing import Any
 
 from ..messages import (
-    Abort, AbortRequest, CloseSession, Continue, ContinueGeneration, ControlDone, ControlResult,
-    Flush, FlushCache, FlushTimeout, HealthCheck, HealthDone, OpenSession, Pause, PauseGeneration,
-    ServerEvent,
+    Abort, AbortRequest, Aborted, CloseSession, Continue, ContinueGeneration, ControlDone, ControlResult,
+    Drain, Flush, FlushCache, FlushTimeout, HealthCheck, HealthDone, HealthVerdict, OpenSession,
+    Pause, PauseGeneration, SchedulerIdle, ServerEvent, WhenIdle,
 )
-from ..statemachines import CONTROL, SERVER, ControlState, IllegalTransition, ServerState
+from ..statemachines import (
+    CONTROL, HEALTH, PAUSED_MODE, SERVER, ControlState, GenState, HealthState, IllegalTransition,
+    PoolState, ServerState,
+)
 from .actor import Actor, handles
+
+S = ServerState
+_DELIVERING = (GenState.detok, PoolState.pool)    # result known, not yet taken by the client
 
 
 class ControlRecord:
-    __slots__ = ("rid", "op", "state", "result")
+    __slots__ = ("rid", "op", "state", "result", "reply", "parts", "matched", "idle_left", "msg")
 
-    def __init__(self, rid: str, op: str) -> None:
+    def __init__(self, rid: str, op: str, reply: asyncio.Future[ControlResult] | None) -> None:
         self.rid = rid
         self.op = op
         self.state = CONTROL.initial
         self.result: ControlResult | None = None
+        self.reply = reply          # the caller's future (None: the answer is the handler's return)
+        self.parts = 0              # answers still expected (abort: one per scheduler)
+        self.matched: list[str] = []   # abort: rids the schedulers matched so far
+        self.msg: Any = None        # abort: the request
+        self.idle_left = 0          # drain: schedulers not idle yet
 
 
 class ServerModel:
-    __slots__ = ("rid", "state", "pause_mode", "reason")
+    """The server's run phase (SERVER) — `mode` is read off the state, never stored."""
+    __slots__ = ("rid", "state", "reason")
 
     def __init__(self) -> None:
         self.rid = "server"
         self.state = SERVER.initial
-        self.pause_mode: str | None = None
         self.reason = ""
 
-    @property
-    def label(self) -> str:
-        if self.state is ServerState.paused and self.pause_mode:
-            return f"paused({self.pause_mode})"
-        return self.state.name
+
+class HealthModel:
+    __slots__ = ("rid", "state", "reason", "stalls")
+
+    def __init__(self) -> None:
+        self.rid = "health"
+        self.state = HEALTH.initial
+        self.reason = ""
+        self.stalls = 0
 
 
 class ControlActor(Actor):
-    def __init__(self, scheduler: Actor, *, name: str = "control") -> None:
+    def __init__(self, scheduler: Actor, *, pool_schedulers: dict[str, Actor] | None = None,
+                 name: str = "control") -> None:
         super().__init__(name)
         self.scheduler = scheduler
+        self.pool_schedulers = dict(pool_schedulers or {})
         self.sessions: Actor | None = None      # the session actor (open/close_session go there)
         self.server = ServerModel()
+        self.health = HealthModel()
         self._ids = itertools.count(1)
-        self.history: list[ControlRecord] = []   # the last few, for /server_info
-        self._probing: dict[str, ControlRecord] = {}   # health checks waiting for their probe
+        self.open: dict[str, ControlRecord] = {}           # records not ended yet, by rid
+        self.history: deque[ControlRecord] = deque(maxlen=32)   # the last ended, for /server_info
 
     # -- helpers -------------------------------------------------------------------------------
     @property
     def _rec(self) -> Any:
         return self.system.recorder if self.system is not None else None
 
-    def _new(self, op: str) -> ControlRecord:
-        rec = ControlRecord(f"ctl-{next(self._ids)}", op)
+    @property
+    def pause_mode(self) -> str | None:
+        return PAUSED_MODE.get(self.server.state)
+
+    def _schedulers(self) -> list[Actor]:
+        return [s for s in (self.scheduler, *self.pool_schedulers.values()) if s.alive]
+
+    def _new(self, op: str, *, deferred: bool = True) -> ControlRecord:
+        reply = asyncio.get_running_loop().create_future() if deferred else None
+        rec = ControlRecord(f"ctl-{next(self._ids)}", op, reply)
         if self._rec is not None:
             self._rec.created(CONTROL, rec, {"op": op})
-        self.history.append(rec)
-        del self.history[:-32]
+        self.open[rec.rid] = rec
         return rec
 
-    def _end(self, rec: ControlRecord, result: ControlResult) -> ControlResult:
+    def _end(self, rec: ControlRecord, result: ControlResult) -> Any:
+        """The record's final transition; answers its caller. Returns what a handler returns."""
         CONTROL.fire(rec, "apply" if result.ok else "reject", observer=self._rec)
         rec.result = result
-        return result
+        self.open.pop(rec.rid, None)
+        self.history.append(rec)
+        if rec.reply is None:
+            return result
+        if not rec.reply.done():
+            self._reply(rec.reply, result)
+        return rec.reply
+
+    def _wait(self, rec: ControlRecord) -> None:
+        if rec.state is ControlState.received:
+            CONTROL.fire(rec, "wait", observer=self._rec)
+
+    def _ask(self, rec: ControlRecord, target: Actor, message: Any) -> None:
+        """Ask `target`; its answer comes back to us as `ControlDone` for this record."""
+        assert self.system is not None
+        rec.parts += 1
+        rid = rec.rid
+        self.system.pipe(target.ask(message), self, wrap=lambda res, err: ControlDone(rid, res, err))
 
     def _server_fire(self, event: str) -> None:
         SERVER.fire(self.server, event, observer=self._rec)
 
-    def _forward(self, rec: ControlRecord, message: Any,
-                 target: Actor | None = None) -> asyncio.Future[ControlResult]:
-        """Ask the scheduler (or `target`); its answer comes back to us as `ControlDone`."""
-        assert self.system is not None
-        reply: asyncio.Future[ControlResult] = asyncio.get_running_loop().create_future()
-        self.system.pipe((target or self.scheduler).ask(message), self,
-                         wrap=lambda res, err: ControlDone(rec.rid, (rec, res), err, reply))
-        return reply
-
     # -- control requests ----------------------------------------------------------------------
     @handles(AbortRequest)
     def _abort(self, msg: AbortRequest) -> Any:
+        """Reaches every scheduler (generation and pooling); answered with the total matched."""
         rec = self._new("abort_request")
         if not msg.abort_all and not msg.rid:
             return self._end(rec, ControlResult(False, "abort_request needs a non-empty rid or abort_all: true"))
-        return self._forward(rec, Abort(msg.rid, msg.prefix, msg.abort_all))
+        rec.msg = msg
+        targets = self._schedulers()
+        if not targets:
+            return self._end(rec, self._aborted(rec))
+        if len(targets) > 1:
+            self._wait(rec)
+        for sched in targets:
+            self._ask(rec, sched, Abort(msg.rid, msg.prefix, msg.abort_all, msg.reason))
+        return rec.reply
+
+    def _aborted(self, rec: ControlRecord) -> ControlResult:
+        """Every scheduler answered. A request whose result is known but not yet taken by its
+        client (``detok``, ``pool``) is in no scheduler: it is told `Aborted` here."""
+        msg: AbortRequest = rec.msg
+        matched = set(rec.matched)
+        assert self.system is not None
+        for name, actor in self.system.actors.items():
+            if not name.startswith("req:") or not actor.alive:
+                continue
+            rid = name[4:]
+            if rid in matched or getattr(actor, "state", None) not in _DELIVERING:
+                continue   # a request still in a scheduler hears it from there
+            if msg.abort_all or (msg.prefix and rid.startswith(msg.rid or "\0")) or rid == msg.rid:
+                actor.tell(Aborted(rid, msg.reason))
+                matched.add(rid)
+        n = len(matched)
+        return ControlResult(True, f"aborted {n} request(s)", {"aborted": n})
 
     @handles(PauseGeneration)
     def _pause(self, msg: PauseGeneration) -> Any:
         rec = self._new("pause_generation")
-        if self.server.state is not ServerState.serving:
-            return self._end(rec, ControlResult(False, f"cannot pause while the server is {self.server.label}"))
-        return self._forward(rec, Pause(msg.mode))
+        if self.server.state is not S.serving:
+            return self._end(rec, ControlResult(False, f"cannot pause while the server is {self.server.state.name}"))
+        self._ask(rec, self.scheduler, Pause(msg.mode))
+        return rec.reply
 
     @handles(ContinueGeneration)
     def _continue(self, msg: ContinueGeneration) -> Any:
         rec = self._new("continue_generation")
-        return self._forward(rec, Continue())
+        self._ask(rec, self.scheduler, Continue())
+        return rec.reply
 
     @handles(FlushCache)
     def _flush(self, msg: FlushCache) -> Any:
+        """Flush now if the engine is idle; with a timeout, the record waits for idle (asked of
+        the scheduler with `WhenIdle`) and flushes then, until `FlushTimeout`."""
         rec = self._new("flush_cache")
-        wait = bool(msg.timeout_s and msg.timeout_s > 0)
-        if self.server.state is ServerState.paused and self.server.pause_mode == "in_place":
+        if self.server.state is S.paused_in_place:
             return self._end(rec, ControlResult(False, "cannot flush while paused in_place: the KV is kept"))
-        reply = self._forward(rec, Flush(wait=wait))
-        if wait:
-            CONTROL.fire(rec, "wait", observer=self._rec)
+        if msg.timeout_s and msg.timeout_s > 0:
+            if any(r.op == "flush_cache" and r.state is ControlState.waiting for r in self.open.values()):
+                return self._end(rec, ControlResult(False, "another flush is already waiting for idle"))
+            self._wait(rec)
             assert self.system is not None
-            sched = self.scheduler
-            self.system.call_later(msg.timeout_s or 0.0,
-                                   lambda: sched.tell(FlushTimeout()) if sched.alive else None,
-                                   f"{rec.rid}:flush_timeout")
-        return reply
+            rid = rec.rid
+            self.system.call_later(msg.timeout_s, lambda: self.tell(FlushTimeout(rid)) if self.alive else None,
+                                   f"{rid}:flush_timeout")
+        self._ask(rec, self.scheduler, Flush())
+        return rec.reply
+
+    @handles(FlushTimeout)
+    def _flush_timeout(self, msg: FlushTimeout) -> None:
+        rec = self.open.get(msg.rid)
+        if rec is not None:
+            self._end(rec, ControlResult(False, "timed out waiting for the engine to become idle"))
 
     @handles(OpenSession, CloseSession)
     def _session(self, msg: Any) -> Any:
         rec = self._new("open_session" if isinstance(msg, OpenSession) else "close_session")
         if self.sessions is None or not self.sessions.alive:
             return self._end(rec, ControlResult(False, "sessions are not available"))
-        if isinstance(msg, OpenSession) and self.server.state in (ServerState.draining, ServerState.stopped):
-            return self._end(rec, ControlResult(False, f"cannot open a session while the server is {self.server.label}"))
-        return self._forward(rec, msg, self.sessions)
+        if isinstance(msg, OpenSession) and self.server.state in (S.draining, S.stopped):
+            return self._end(rec, ControlResult(False, f"cannot open a session while the server is "
+                                                       f"{self.server.state.name}"))
+        self._ask(rec, self.sessions, msg)
+        return rec.reply
 
     @handles(HealthCheck)
     def _health(self, msg: HealthCheck) -> ControlResult:
         """Open the record of a /health_generate; the HTTP layer runs the probe and reports
-        `HealthDone`. Only a serving server is probed; paused is healthy without a probe."""
-        rec = self._new("health_generate")
+        `HealthDone`. Only a serving, healthy server is probed; paused is healthy without one."""
+        rec = self._new("health_generate", deferred=False)
         state = self.server.state
-        if state is ServerState.paused:
-            return self._end(rec, ControlResult(True, "paused", {"probe": False, "record": rec.rid}))
-        if state is not ServerState.serving:
-            why = self.server.reason if state is ServerState.unhealthy and self.server.reason else ""
-            return self._end(rec, ControlResult(False, why or f"server is {self.server.label}",
+        if self.health.state is HealthState.unhealthy:
+            return self._end(rec, ControlResult(False, self.health.reason or "server is unhealthy",
                                                 {"record": rec.rid}))
-        CONTROL.fire(rec, "wait", observer=self._rec)
-        self._probing[rec.rid] = rec
+        if state in PAUSED_MODE:
+            return self._end(rec, ControlResult(True, "paused", {"probe": False, "record": rec.rid}))
+        if state is not S.serving:
+            return self._end(rec, ControlResult(False, f"server is {state.name}", {"record": rec.rid}))
+        self._wait(rec)
         return ControlResult(True, "probing", {"probe": True, "record": rec.rid})
 
     @handles(HealthDone)
     def _health_done(self, msg: HealthDone) -> None:
-        rec = self._probing.pop(msg.record, None)
-        if rec is not None and rec.state is ControlState.waiting:
+        rec = self.open.get(msg.record)
+        if rec is not None and rec.op == "health_generate":
             self._end(rec, ControlResult(msg.ok, msg.reason))
 
     @handles(ControlDone)
     def _done(self, msg: ControlDone) -> None:
-        """Replies arrive in the order the scheduler applied them (a pause that waits for the
-        step boundary is the only late one, and nothing else may change the pause meanwhile)."""
-        try:
-            if msg.error is None:
-                rec, res = msg.result
-            else:
-                rec = next((r for r in self.history if r.rid == msg.rid), None)
-                res = ControlResult(False, f"scheduler error: {msg.error}")
-            if isinstance(res, int):  # abort answers with the number of requests it matched
-                res = ControlResult(True, f"aborted {res} request(s)", {"aborted": res})
-            if res.ok and rec is not None:
-                self._mirror(rec.op, res)
-            if rec is not None:
-                self._end(rec, res)
-        finally:
-            if not msg.reply.done():
-                self._reply(msg.reply, res if "res" in locals() else ControlResult(False, "internal error"))
+        rec = self.open.get(msg.rid)
+        if rec is None:
+            return                  # ended meanwhile (a flush that timed out)
+        rec.parts -= 1
+        if msg.error is not None:
+            self._end(rec, ControlResult(False, f"{rec.op} failed: {type(msg.error).__name__}: {msg.error}"))
+            return
+        res = msg.result
+        if rec.op == "abort_request":
+            rec.matched.extend(res)
+            if rec.parts == 0:
+                self._end(rec, self._aborted(rec))
+            return
+        if rec.op == "flush_cache" and not res.ok and rec.state is ControlState.waiting \
+                and "busy" in res.detail:
+            self._ask_idle(rec, self.scheduler)      # busy: flush again once it is idle
+            return
+        if res.ok:
+            self._applied(rec.op, res)
+        self._end(rec, res)
 
-    def _mirror(self, op: str, res: ControlResult) -> None:
-        """Keep the server lifecycle in step with what the scheduler applied."""
-        state = self.server.state
-        if op == "pause_generation" and state is ServerState.serving:
-            self._server_fire("pause")
-            self.server.pause_mode = res.detail.get("mode")
-        elif op == "pause_generation" and state is ServerState.unhealthy:
-            # a pause that waited at a stalled step: the scheduler is paused now; the server
-            # shows it when it recovers (see `_server_event`)
-            self.server.pause_mode = res.detail.get("mode")
-        elif op == "continue_generation" and state is ServerState.paused:
+    def _applied(self, op: str, res: ControlResult) -> None:
+        """What the scheduler applied moves the server lifecycle."""
+        if op == "pause_generation" and self.server.state is S.serving:
+            self._server_fire(f"pause_{res.detail['mode']}")
+        elif op == "continue_generation" and self.server.state in PAUSED_MODE:
             self._server_fire("resume")
-            self.server.pause_mode = None
-        elif op == "continue_generation":
-            self.server.pause_mode = None
+
+    def _ask_idle(self, rec: ControlRecord, sched: Actor) -> None:
+        assert self.system is not None
+        rid, name = rec.rid, sched.name
+        self.system.pipe(sched.ask(WhenIdle()), self, wrap=lambda res, err: SchedulerIdle(rid, name, err))
+
+    @handles(SchedulerIdle)
+    def _idle(self, msg: SchedulerIdle) -> None:
+        rec = self.open.get(msg.rid)
+        if rec is None:
+            return
+        if rec.op == "flush_cache":
+            self._ask(rec, self.scheduler, Flush())
+        elif rec.op == "drain":
+            rec.idle_left -= 1
+            if rec.idle_left == 0:
+                self._end(rec, ControlResult(True, "drained: no request left"))
 
     # -- server lifecycle ----------------------------------------------------------------------
     @handles(ServerEvent)
@@ -203,8 +295,52 @@ class ControlActor(Actor):
         except IllegalTransition as exc:
             return ControlResult(False, str(exc))
         self.server.reason = msg.reason
-        if msg.event == "recover" and self.server.pause_mode:
-            self._server_fire("pause")        # recovered into the pause the scheduler holds
-        elif msg.event in ("resume", "recover", "ready", "drain", "stop"):
-            self.server.pause_mode = None     # none of these lands in `paused`
-        return ControlResult(True, self.server.label)
+        return ControlResult(True, self.server.state.name)
+
+    @handles(Drain)
+    def _drain(self, msg: Drain) -> Any:
+        """``-> draining`` (new requests are refused); answered when no scheduler has a
+        request left, each telling us with its `WhenIdle` answer."""
+        rec = self._new("drain")
+        if self.server.state is not S.draining:
+            try:
+                self._server_fire("drain")
+            except IllegalTransition as exc:
+                return self._end(rec, ControlResult(False, str(exc)))
+            self.server.reason = msg.reason
+        targets = self._schedulers()
+        if not targets:
+            return self._end(rec, ControlResult(True, "drained: no request left"))
+        self._wait(rec)
+        rec.idle_left = len(targets)
+        for sched in targets:
+            self._ask_idle(rec, sched)
+        return rec.reply
+
+    @handles(HealthVerdict)
+    def _verdict(self, msg: HealthVerdict) -> None:
+        h = self.health
+        if msg.ok and h.state is HealthState.unhealthy:
+            HEALTH.fire(h, "recover", observer=self._rec)
+            h.reason = ""
+        elif not msg.ok and h.state is HealthState.healthy:
+            HEALTH.fire(h, "stall", observer=self._rec)
+            h.reason = msg.reason
+            h.stalls += 1
+
+    def on_start(self) -> None:
+        if self._rec is not None:
+            self._rec.created(SERVER, self.server)
+            self._rec.created(HEALTH, self.health)
+
+    def on_stop(self) -> None:
+        for rec in list(self.open.values()):
+            if rec.reply is not None and not rec.reply.done():
+                self._reply(rec.reply, ControlResult(False, "server shutting down"))
+
+    def snapshot(self) -> dict[str, Any]:
+        """Plain data about the server's regions (the runtime's `ServerSnapshot` is built from it)."""
+        return {"state": self.server.state.name, "pause_mode": self.pause_mode,
+                "reason": self.server.reason, "health": self.health.state.name,
+                "health_reason": self.health.reason, "stalls": self.health.stalls}
+

@@ -6,13 +6,17 @@ recorded message. Generation and pooling actors share the abort / fail / stream 
 and differ in the path between `queued` and `done`:
 
     generation  Scheduled -> schedule; PrefillProgress -> prefill_chunk;
-                TokenOut -> first_token, then on the last token finish + deliver
+                TokenOut (from the output stage, already text) -> first_token; the last one
+                -> finish (``detok``); Delivered -> deliver (``done``)
     pooling     Scheduled -> schedule; PrefillProgress -> forward_chunk;
-                PoolOut -> forward_done, pooling head, deliver
+                PoolOut -> forward_done (``pool``), the pooling head; Delivered -> deliver
 
 Outputs go to the client through an `OutputStream` (a one-consumer async queue that never
-blocks the actor). When the actor reaches a terminal state it stops itself, so neither it
-nor its mailbox outlives the request.
+blocks the actor). The request is ``done`` when its client has taken the final output off the
+stream: the stream tells the runtime, which tells the actor `Delivered`. So ``detok`` (and
+``pool``) last from the moment the result is known until the client has it, and a client that
+leaves before then aborts a request that is still live. When the actor reaches a terminal state
+it stops itself, so neither it nor its mailbox outlives the request.
 """
 
 from __future__ import annotations
@@ -21,22 +25,23 @@ import asyncio
 from typing import Any, Callable
 
 from ..messages import (
-    Aborted, Failed, Paused, PoolOut, PrefillProgress, Release, RequestOutput, Resumed,
+    Aborted, Delivered, Failed, Paused, PoolOut, PrefillProgress, Release, RequestOutput, Resumed,
     Retracted, Scheduled, SessionEnd, TokenOut,
 )
-from ..statemachines import GENERATION, POOLING, Lifecycle
+from ..statemachines import GENERATION, POOLING, GenState, Lifecycle
 from .actor import Actor, handles
 
 
 class OutputStream:
     """What a request actor hands its client: deltas, then one item with `finished`."""
 
-    __slots__ = ("_items", "_waiter", "closed")
+    __slots__ = ("_items", "_waiter", "closed", "on_final")
 
-    def __init__(self) -> None:
+    def __init__(self, on_final: Callable[[], None] | None = None) -> None:
         self._items: list[RequestOutput] = []   # a handful of items: a list is 10x smaller than a deque
         self._waiter: asyncio.Future[None] | None = None
         self.closed = False
+        self.on_final = on_final    # called once, when the consumer takes the final item
 
     def put(self, item: RequestOutput) -> None:
         if self.closed:
@@ -55,7 +60,15 @@ class OutputStream:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._items.pop(0)
+        return self.get_nowait()
+
+    def get_nowait(self) -> RequestOutput:
+        """The next item (IndexError if none); taking the final one tells `on_final`."""
+        item = self._items.pop(0)
+        if item.finished and self.on_final is not None:
+            cb, self.on_final = self.on_final, None
+            cb()
+        return item
 
     def __aiter__(self) -> "OutputStream":
         return self
@@ -123,16 +136,28 @@ class RequestActor(Actor):
     def terminal(self) -> bool:
         return self.state in self.lifecycle.terminal
 
-    def _finish(self, item: RequestOutput) -> None:
-        """Deliver the last output and stop: the request is over."""
-        assert self.system is not None
-        self.t_done = self.system.clock.now()
+    def _final(self, item: RequestOutput) -> None:
+        """Put the last output on the stream; the request ends when its client took it."""
         item.finished = True
         item.prompt_tokens = self.prompt_tokens
         item.cached_tokens = self.cached_tokens
         self._fill_usage(item)
         self.stream.put(item)
+
+    def _finish(self, item: RequestOutput) -> None:
+        """Deliver the last output and stop at once (aborted, failed): the request is over."""
+        self._final(item)
+        self._stop()
+
+    def _stop(self) -> None:
+        assert self.system is not None
+        self.t_done = self.system.clock.now()
         self.stop()
+
+    @handles(Delivered)
+    def _delivered(self, msg: Delivered) -> None:
+        self.fire("deliver")
+        self._stop()
 
     def _fill_usage(self, item: RequestOutput) -> None:
         pass
@@ -146,15 +171,13 @@ class RequestActor(Actor):
     @handles(Aborted)
     def _aborted(self, msg: Aborted) -> None:
         self.fire("abort")
-        self._finish(self._tail_output(finish_reason="abort", error=None if msg.reason == "abort" else msg.reason))
+        self._finish(RequestOutput(self.rid, text=msg.text, finish_reason="abort",
+                                   error=None if msg.reason == "abort" else msg.reason))
 
     @handles(Failed)
     def _failed(self, msg: Failed) -> None:
         self.fire("fail")
-        self._finish(self._tail_output(finish_reason="error", error=msg.error))
-
-    def _tail_output(self, **kw: Any) -> RequestOutput:
-        return RequestOutput(self.rid, **kw)
+        self._finish(RequestOutput(self.rid, text=msg.text, finish_reason="error", error=msg.error))
 
     def on_failure(self, message: Any, exc: BaseException) -> None:
         """A handler raised: this request fails with the reason; the runtime goes on."""
@@ -167,36 +190,30 @@ class RequestActor(Actor):
         finally:
             if self.scheduler.alive:
                 self.scheduler.tell(Release(self.rid, "error"))
-            self._finish(self._tail_output(finish_reason="error", error=error))
+            self._finish(RequestOutput(self.rid, finish_reason="error", error=error))
 
 
 class GenerationActor(RequestActor):
-    __slots__ = ("detok", "want_logprobs", "completion_tokens", "prefill_done", "session", "out_ids")
+    __slots__ = ("want_logprobs", "completion_tokens", "session", "out_ids")
     lifecycle = GENERATION
 
     def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
-                 detokenizer: Any = None, logprobs: bool = False, is_probe: bool = False,
+                 logprobs: bool = False, is_probe: bool = False,
                  session: tuple[Actor, str] | None = None) -> None:
         super().__init__(rid, scheduler=scheduler, prompt_tokens=prompt_tokens, is_probe=is_probe)
-        self.detok = detokenizer
         self.want_logprobs = logprobs
         self.completion_tokens = 0
-        self.prefill_done = False  # this incarnation's prompt is in the KV (reset by retract)
         # (session actor, session id): told `SessionEnd` with the output ids when the request ends
         self.session = session
         self.out_ids: list[int] | None = [] if session is not None else None
 
-    def _finish(self, item: RequestOutput) -> None:
+    def _final(self, item: RequestOutput) -> None:
         if self.session is not None:
             actor, sid = self.session
+            self.session = None
             if actor.alive:
                 actor.tell(SessionEnd(sid, self.rid, tuple(self.out_ids or ()), item.finish_reason))
-        super()._finish(item)
-
-    @property
-    def prefill_complete(self) -> bool:
-        """Condition of `resume`: back to decode if the prompt was already computed."""
-        return self.prefill_done
+        super()._final(item)
 
     def _fill_usage(self, item: RequestOutput) -> None:
         item.completion_tokens = self.completion_tokens
@@ -207,39 +224,21 @@ class GenerationActor(RequestActor):
 
     @handles(TokenOut)
     def _token(self, msg: TokenOut) -> None:
-        if not self.prefill_done:
+        if self.state is GenState.prefill:
             self.fire("first_token")
-            self.prefill_done = True
         if self.t_first is None:
             assert self.system is not None
             self.t_first = self.system.clock.now()
         self.completion_tokens += 1
         if self.out_ids is not None:
             self.out_ids.append(msg.token_id)
-        text = self.detok.add([msg.token_id]) if self.detok is not None else ""
-        finish = msg.finish_reason
-        stopped = self.detok is not None and getattr(self.detok, "stopped", None)
-        if stopped and finish is None:
-            finish = "stop"
-            rec = self.system.recorder if self.system is not None else None
-            if rec is not None:    # the detokenizer's verdict: re-execution plays it back
-                rec.note("detok", "stop_string", rid=self.rid)
-            self.scheduler.tell(Release(self.rid, "stop"))
         lp = [(msg.token_id, msg.logprob, msg.top_logprobs)] if self.want_logprobs else None
-        if finish is None:
-            self.stream.put(RequestOutput(self.rid, text=text, token_ids=[msg.token_id], logprobs=lp))
+        if msg.finish_reason is None:
+            self.stream.put(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp))
             return
-        self.fire("finish")
-        if self.detok is not None:
-            text += self.detok.finish()
-        self.fire("deliver")
-        self._finish(RequestOutput(self.rid, text=text, token_ids=[msg.token_id], logprobs=lp,
-                                   finish_reason=finish))
-
-    def _tail_output(self, **kw: Any) -> RequestOutput:
-        # Abort and failure keep the partial text: flush what the detokenizer held back.
-        text = self.detok.finish() if self.detok is not None else ""
-        return RequestOutput(self.rid, text=text, **kw)
+        self.fire("finish")           # the last token is known: detok until the client has it
+        self._final(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp,
+                                  finish_reason=msg.finish_reason))
 
     @handles(Paused)
     def _paused(self, msg: Paused) -> None:
@@ -247,12 +246,11 @@ class GenerationActor(RequestActor):
 
     @handles(Resumed)
     def _resumed(self, msg: Resumed) -> None:
-        self.fire("resume")
+        self.fire("resume_decode" if msg.prefill_complete else "resume_prefill")
 
     @handles(Retracted)
     def _retracted(self, msg: Retracted) -> None:
         self.fire("retract")
-        self.prefill_done = False
         self.fire("requeue")
 
 
@@ -277,5 +275,4 @@ class PoolingActor(RequestActor):
     def _pooled(self, msg: PoolOut) -> None:
         self.fire("forward_done")
         value = self.head(msg.pooled) if self.head is not None else msg.pooled
-        self.fire("deliver")
-        self._finish(RequestOutput(self.rid, pooled=value, finish_reason="stop"))
+        self._final(RequestOutput(self.rid, pooled=value, finish_reason="stop"))

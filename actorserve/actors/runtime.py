@@ -5,7 +5,16 @@ and turns a client's call into the right kind of actor:
 
 * `generate(...)` spawns a `GenerationActor` (a probe when `is_probe`, on the priority lane);
 * `pool(...)` spawns a `PoolingActor`;
-* `control(...)` hands a control request to the control actor, which applies it at once.
+* `control(...)` hands a control request to the control actor, which applies it at once;
+* `abort(rid, reason)` is a control request too (a client that disconnected, a probe that timed
+  out): every abort is on the record as one, with its reason;
+* `drain()` moves the server to ``draining`` and resolves when no request is left (a message
+  from each scheduler, not a poll).
+
+Generation outputs pass through the output stage (`output.py`): the runtime tracks each
+generation request there with its detokenizer (built from the request's `SamplingParams` by the
+``detokenizer`` factory the runtime was given), and tells a request `Delivered` when its client
+has taken the final output off the stream.
 
 Pooling engines (``pooling_engines={"embed": EncoderEngine, "rerank": ..., "classify": ...}``)
 each get their own scheduler actor beside the generation one, so one server hosts a
@@ -16,9 +25,10 @@ classify-from-label-tokens: a forward with zero new tokens). Abort (`abort`, and
 generation-only: they exist for the generation model's KV and weights, and an encoder has
 neither, so embeddings keep flowing while generation is paused.
 
-The HTTP layer talks only to this class, and every call that reaches an actor is synchronous up
-to the point where its message is in a mailbox (the awaitable it returns only waits for the
-answer). With a recorder, each call is noted as an ``input`` event with what it carried (the
+The HTTP layer talks only to this class — calls with request ids and plain data in, a
+`RequestHandle` (rid + output stream) and snapshots (`snapshot()`, `request_info(rid)`, `stats()`)
+out, never an actor — and every call that reaches an actor is synchronous up to the point where
+its message is in a mailbox (the awaitable it returns only waits for the answer). With a recorder, each call is noted as an ``input`` event with what it carried (the
 prompt ids, the parameters, the rid chosen), so `actorserve replay --reexecute` can feed the
 same inputs through the same actors at the same points; `begin` notes the set-up (engines'
 geometry, batch limits) first.
@@ -31,19 +41,21 @@ import dataclasses
 import itertools
 import uuid
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from ..config import SchedulerConfig
 from ..engine.base import Engine
 from ..engine.params import PoolingParams, SamplingParams
 from ..engine.sequence import Sequence
 from ..messages import (
-    Abort, AbortRequest, ControlResult, HealthDone, OpenSession, ServerEvent, SessionEnd, Submit,
+    AbortRequest, Aborted, ControlResult, Delivered, Drain, HealthDone, OpenSession, ServerEvent, SessionEnd,
+    Submit, Track,
 )
 from ..statemachines import LIFECYCLES, ServerState
 from .actor import Actor
 from .clock import Clock
 from .control import ControlActor
+from .output import OutputStage
 from .request import GenerationActor, OutputStream, PoolingActor, RequestActor
 from .scheduler import SchedulerActor, SchedulerStats
 from .session import SessionActor
@@ -51,7 +63,7 @@ from .system import ActorSystem
 from .watchdog import WatchdogActor
 
 
-def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig) -> SchedulerActor:
+def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig, stage: Actor) -> SchedulerActor:
     """A scheduler for a pooling engine: batch limits from the engine when it has them
     (an encoder runs each input whole), no prefix cache (an encoder has no KV to reuse)."""
     from ..engine.block_manager import BlockManager
@@ -59,8 +71,9 @@ def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig) -> Scheduler
     batch = limits() if callable(limits) else cfg.batch
     info = engine.info
     bm = BlockManager(info.num_blocks, info.block_size, enable_prefix_cache=False)
-    return SchedulerActor(engine, batch=batch, block_manager=bm, step_in_thread=cfg.step_in_thread,
-                          name=f"scheduler:{key}", batch_wait_s=cfg.pool_batch_wait_s)
+    return SchedulerActor(engine, stage=stage, batch=batch, block_manager=bm,
+                          step_in_thread=cfg.step_in_thread, name=f"scheduler:{key}",
+                          batch_wait_s=cfg.pool_batch_wait_s)
 
 
 def fields_of(obj: Any) -> dict[str, Any]:
@@ -85,36 +98,56 @@ class DuplicateRequestId(ValueError):
     """A live request already has this rid."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RequestHandle:
+    """What a caller gets for a request: its id and its output stream (no actor)."""
     rid: str
-    actor: RequestActor
+    stream: OutputStream
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSnapshot:
+    """The server's regions as plain data, read at one moment."""
+    state: str                  # the SERVER state: starting, serving, paused_<mode>, draining, stopped
+    pause_mode: str | None
+    reason: str                 # why the run phase last changed (drain: signal, shutdown)
+    health: str                 # the HEALTH state: healthy | unhealthy
+    health_reason: str
+    stalls: int
 
     @property
-    def stream(self) -> OutputStream:
-        return self.actor.stream
+    def paused(self) -> bool:
+        return self.pause_mode is not None
+
+    @property
+    def accepting(self) -> bool:
+        """New requests are taken (they wait while paused)."""
+        return self.state not in ("starting", "draining", "stopped")
 
 
 class Runtime:
     def __init__(self, engine: Engine, *, config: SchedulerConfig | None = None,
                  clock: Clock | None = None, recorder: Any = None,
-                 pooling_engines: dict[str, Engine] | None = None) -> None:
+                 pooling_engines: dict[str, Engine] | None = None,
+                 detokenizer: Callable[[SamplingParams], Any] | None = None) -> None:
         cfg = config or SchedulerConfig()
         self.engine = engine
         self.recorder = recorder
+        self.new_detokenizer = detokenizer      # SamplingParams -> detokenizer (None: no text)
         self.system = ActorSystem(clock=clock, recorder=recorder)
-        self.scheduler = SchedulerActor(engine, batch=cfg.batch, step_in_thread=cfg.step_in_thread)
-        self.control_actor = ControlActor(self.scheduler)
+        self.stage = OutputStage()
+        self.scheduler = SchedulerActor(engine, stage=self.stage, batch=cfg.batch,
+                                        step_in_thread=cfg.step_in_thread)
+        self.pooling_engines: dict[str, Engine] = dict(pooling_engines or {})
+        self.pool_schedulers: dict[str, SchedulerActor] = {
+            key: _pool_scheduler(key, eng, cfg, self.stage) for key, eng in self.pooling_engines.items()}
+        self.control_actor = ControlActor(self.scheduler, pool_schedulers=self.pool_schedulers)
         self.sessions = SessionActor()                  # open/close_session via the control actor
         self.control_actor.sessions = self.sessions
         self.watchdog: WatchdogActor | None = None      # --watchdog-timeout: stall -> unhealthy
         if cfg.watchdog_timeout_s:
             self.watchdog = WatchdogActor(self.scheduler, self.control_actor, timeout=cfg.watchdog_timeout_s)
-        self.pooling_engines: dict[str, Engine] = dict(pooling_engines or {})
-        self.pool_schedulers: dict[str, SchedulerActor] = {
-            key: _pool_scheduler(key, eng, cfg) for key, eng in self.pooling_engines.items()}
         self._seq = itertools.count(1)
-        self._started = False
 
     @property
     def clock(self) -> Clock:
@@ -122,21 +155,17 @@ class Runtime:
 
     def begin(self) -> "asyncio.Future[Any]":
         """Spawn the long-lived actors; the returned future resolves when the server lifecycle
-        has gone `starting -> serving`."""
-        if self._started:
+        has gone `starting -> serving`. Once begun, it answers with the state at once."""
+        if self.control_actor.system is not None:
             done = asyncio.get_running_loop().create_future()
             done.set_result(ControlResult(True, self.server_state))
             return done
         if self.recorder is not None:
             self.recorder.input("runtime", data=self.setup())
-        self.system.spawn(self.scheduler)
-        self.system.spawn(self.control_actor)
-        self.system.spawn(self.sessions)
-        if self.watchdog is not None:
-            self.system.spawn(self.watchdog)
-        for sched in self.pool_schedulers.values():
-            self.system.spawn(sched)
-        self._started = True
+        for actor in (self.stage, self.scheduler, self.control_actor, self.sessions,
+                      self.watchdog, *self.pool_schedulers.values()):
+            if actor is not None:
+                self.system.spawn(actor)
         return self.control_actor.ask(ServerEvent("ready"))
 
     async def start(self) -> None:
@@ -178,23 +207,37 @@ class Runtime:
 
     def _submit(self, actor: RequestActor, seq: Sequence) -> RequestHandle:
         self.system.spawn(actor, supervisor=None)
-        actor.scheduler.tell(Submit(actor.rid, seq, actor))
-        return RequestHandle(actor.rid, actor)
+        rid = actor.rid
+        actor.stream.on_final = lambda: self.delivered(rid)
+        actor.scheduler.tell(Submit(rid, seq, actor))
+        return RequestHandle(rid, actor.stream)
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None, *,
-                 rid: str | None = None, detokenizer: Any = None, is_probe: bool = False,
-                 session: str | None = None) -> RequestHandle:
+                 rid: str | None = None, is_probe: bool = False, session: str | None = None,
+                 detokenizer: Any = None) -> RequestHandle:
         """``session``: the id of a session whose `SessionBegin` composed `prompt_ids` and
-        reserved `rid`; the request reports its output to the session when it ends."""
+        reserved `rid`; the request reports its output to the session when it ends.
+        The output stage detokenizes with the runtime's factory (``detokenizer`` replaces it
+        for this request: tests and re-execution)."""
         rid = self._rid(rid)
         sp = sampling or SamplingParams()
         seq = Sequence(rid, prompt_ids, sampling=sp, is_probe=is_probe, arrival=self.clock.now())
         if self.recorder is not None:
             self._request_input("generate", seq, sp, "session", session)
+        if detokenizer is None and self.new_detokenizer is not None:
+            detokenizer = self.new_detokenizer(sp)
         actor = GenerationActor(rid, scheduler=self.scheduler, prompt_tokens=len(prompt_ids),
-                                detokenizer=detokenizer, logprobs=sp.logprobs, is_probe=is_probe,
+                                logprobs=sp.logprobs, is_probe=is_probe,
                                 session=None if session is None else (self.sessions, session))
+        self.stage.tell(Track(rid, actor, detokenizer))
         return self._submit(actor, seq)
+
+    def delivered(self, rid: str) -> None:
+        """The client took request `rid`'s final output off its stream: it is done."""
+        self._input("delivered", rid)
+        actor = self.system.get(f"req:{rid}")
+        if actor is not None and actor.alive:
+            actor.tell(Delivered(rid))
 
     def session(self, message: Any) -> "asyncio.Future[ControlResult]":
         """Ask the session actor directly (`SessionBegin` when a request joins a session);
@@ -224,37 +267,21 @@ class Runtime:
                              head=head, is_probe=is_probe)
         return self._submit(actor, seq)
 
-    def abort(self, rid: str, reason: str = "abort") -> None:
-        """Abort one request now (e.g. its client disconnected); no-op if it already ended."""
-        self._input("abort", rid, reason=reason)
-        if self.scheduler.alive:
-            self.scheduler.tell(Abort(rid, reason=reason))
-        for sched in self.pool_schedulers.values():
-            if sched.alive:
-                sched.tell(Abort(rid, reason=reason))
+    def abort(self, rid: str, reason: str = "abort") -> "asyncio.Future[ControlResult]":
+        """Abort one request now (e.g. its client disconnected), through the control actor like
+        every abort; matches nothing if it already ended."""
+        return self.control(AbortRequest(rid, reason=reason))
 
-    def control(self, message: Any) -> Awaitable[ControlResult]:
+    def control(self, message: Any) -> "asyncio.Future[ControlResult]":
         """Hand a control request to the control actor; await the result."""
         if isinstance(message, OpenSession) and not message.session_id:
             message = dataclasses.replace(message, session_id=uuid.uuid4().hex)   # recorded below
         self._input("control", op=type(message).__name__, args=fields_of(message))
-        if isinstance(message, AbortRequest) and self.pool_schedulers and (message.rid or message.abort_all):
-            # Every scheduler gets the abort now; the control actor's record counts the
-            # generation side, the answer counts both.
-            msg = Abort(message.rid, message.prefix, message.abort_all)
-            pooled = [s.ask(msg) for s in self.pool_schedulers.values() if s.alive]
-            return asyncio.ensure_future(self._merge_abort(self.control_actor.ask(message), pooled))
         return self.control_actor.ask(message)
 
-    @staticmethod
-    async def _merge_abort(main: "asyncio.Future[ControlResult]",
-                           pooled: list["asyncio.Future[Any]"]) -> ControlResult:
-        n_pooled = sum(n for n in await asyncio.gather(*pooled) if isinstance(n, int))
-        res = await main
-        if res.ok and n_pooled:
-            n = int(res.detail.get("aborted", 0)) + n_pooled
-            res = ControlResult(True, f"aborted {n} request(s)", {**res.detail, "aborted": n})
-        return res
+    def drain(self, reason: str = "drain") -> "asyncio.Future[ControlResult]":
+        """``-> draining``: new requests are refused; resolves when no request is left."""
+        return self.control(Drain(reason))
 
     def health_done(self, record: str, ok: bool, reason: str) -> None:
         """A /health_generate's probe is over: close its control record."""
@@ -262,7 +289,7 @@ class Runtime:
         if self.control_actor.alive:
             self.control_actor.tell(HealthDone(record, ok, reason))
 
-    # -- introspection -------------------------------------------------------------------------
+    # -- introspection: snapshots, never actors ------------------------------------------------
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
 
@@ -270,9 +297,34 @@ class Runtime:
         """Stats of each pooling engine's scheduler, by target name."""
         return {key: s.stats() for key, s in self.pool_schedulers.items()}
 
+    def snapshot(self) -> ServerSnapshot:
+        return ServerSnapshot(**self.control_actor.snapshot())
+
     @property
     def server_state(self) -> str:
-        return self.control_actor.server.label
+        return self.control_actor.server.state.name
+
+    def server_info(self) -> dict[str, Any]:
+        """What `/server_info` shows of the runtime, as plain data."""
+        snap = self.snapshot()
+        return {"server_state": snap.state, "server_reason": snap.reason,
+                "pause_mode": snap.pause_mode, "health": snap.health,
+                "health_reason": snap.health_reason,
+                "watchdog": None if self.watchdog is None else {
+                    **self.watchdog.status(), "stalled": snap.health == "unhealthy",
+                    "stalls": snap.stalls, "reason": snap.health_reason},
+                "sessions": self.sessions.describe(),
+                "recent_controls": [{"rid": r.rid, "op": r.op, "state": r.state.name,
+                                     "message": r.result.message if r.result else ""}
+                                    for r in self.control_actor.history]}
+
+    def request_info(self, rid: str) -> dict[str, Any] | None:
+        """A live request's kind and current state, or None when it is not running."""
+        actor = self.system.get(f"req:{rid}")
+        if not isinstance(actor, RequestActor):
+            return None
+        return {"rid": rid, "kind": actor.lifecycle.name, "state": actor.state.name,
+                "probe": actor.is_probe, "live": actor.alive}
 
     def live_actors(self) -> list[Actor]:
         return [a for a in self.system.actors.values() if isinstance(a, RequestActor)]
@@ -294,6 +346,11 @@ class Runtime:
         for sched in self.pool_schedulers.values():
             if sched.alive:
                 sched.stop()
+        await self.system.quiesce()    # the stage hands on the aborts before it stops
+        self.stage.stop()
+        for actor in self.live_actors():   # ended but never delivered: the client is gone
+            if actor.alive:
+                actor.tell(Aborted(actor.rid, "server shutting down"))
         await self.system.quiesce()
         await self.system.shutdown()
         if self.recorder is not None and hasattr(self.recorder, "close"):

@@ -1,10 +1,17 @@
 """The scheduler actor: owns the queues and the KV accounting, runs one model step at a time.
 
-A step's life: when the scheduler's mailbox drains (`on_drained`) and no step is in flight,
-it asks the `BatchPolicy` for the next batch, tells newly admitted request actors
-`Scheduled`, and hands `engine.execute(batch)` to a worker thread. The result comes back as a
-`StepDone` message; the scheduler advances each member, routes tokens / pooled values to the
-request actors, frees finished sequences' blocks, and the cycle repeats.
+The scheduler is the model of the SCHEDULER lifecycle (``idle -> pending -> [windowing ->]
+stepping -> pending | idle``, ``pausing``, ``paused_<mode>``); every phase below is one of its
+states, fired through the machine and recorded.
+
+A step's life: when the scheduler's mailbox drains (`on_drained`) in ``pending``, it asks the
+`BatchPolicy` for the next batch, tells newly admitted request actors `Scheduled`, and hands
+`engine.execute(batch)` to a worker thread (``step``). The result comes back as a `StepDone`
+message; the scheduler advances each member, applies its own verdicts (EOS, length: the KV is
+freed at once), and sends the step's tokens to the output stage in one `StepOutputs`. The
+stage detokenizes, finds stop strings and answers with the rids it finished; only then
+(``step_done``) is the step over, those rids' KV freed, and the next step planned. So a
+request that ends on a stop string is never in another forward.
 
 Because the next step starts only once the mailbox is empty, any `Abort` or `Pause` that
 arrived while a step was running is applied before the next step: an aborted request leaves
@@ -12,7 +19,7 @@ at once (its client gets `finish_reason: abort` right away), and its blocks are 
 the in-flight step returns — never while the worker thread may still read its block table.
 A pause that arrives mid-step takes effect at the step boundary, and its reply waits for it.
 
-Pause, continue and flush are in `scheduler_control.py` (the `SchedulerControl` base).
+Pause, continue, flush and idle waits are in `scheduler_control.py` (the `SchedulerControl` base).
 """
 
 from __future__ import annotations
@@ -26,15 +33,21 @@ from ..engine.base import Engine
 from ..engine.batching import BatchConfig, BatchPolicy
 from ..engine.block_manager import BlockManager
 from ..messages import (
-    Abort, Aborted, BatchWindowClosed, ControlResult, Failed, PoolOut, PrefillProgress, Progress,
-    ProgressQuery, Release, Retracted, Scheduled, StepDone, Submit, TokenOut,
+    Abort, Aborted, BatchWindowClosed, ControlResult, Failed, Forget, OutputsDone, PoolOut,
+    PrefillProgress, Progress, ProgressQuery, Release, Retracted, Scheduled, StepDone, StepOutputs,
+    Submit, TokenItem,
 )
+from ..statemachines import SCHEDULER, SchedulerState
 from .actor import Actor, handles
+from .output import outputs_done
 from .scheduler_control import SchedulerControl
+
+K = SchedulerState
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerStats:
+    state: str
     waiting: int
     running: int
     paused_mode: str | None
@@ -53,14 +66,16 @@ class SchedulerStats:
 class SchedulerActor(SchedulerControl):
     mailbox_capacity = 1 << 16
 
-    def __init__(self, engine: Engine, *, batch: BatchConfig | None = None,
+    def __init__(self, engine: Engine, *, stage: Actor, batch: BatchConfig | None = None,
                  block_manager: BlockManager | None = None, step_in_thread: bool = True,
                  name: str = "scheduler", batch_wait_s: float = 0.0) -> None:
         super().__init__(name)
+        self.rid = name                      # the lifecycle instance's id in the recording
+        self.state = SCHEDULER.initial
         self.engine = engine
+        self.stage = stage                   # the output stage (detokenizer, stop strings)
         self.batch_wait_s = batch_wait_s     # batching window of an idle scheduler (0 = none)
         self._window: Any = None             # the open window's timer
-        self._window_closed = False
         info = engine.info
         self.bm = block_manager or BlockManager(info.num_blocks, info.block_size)
         self.policy = BatchPolicy(batch)
@@ -70,12 +85,11 @@ class SchedulerActor(SchedulerControl):
         self.running: list[Any] = []
         self.seqs: dict[str, Any] = {}
         self.actors: dict[str, Actor] = {}
-        self.paused_mode: str | None = None
         self.step_id = 0
-        self.inflight: dict[str, Any] | None = None   # rid -> seq of the step being computed
+        self.inflight: dict[str, Any] = {}       # rid -> seq of the step being computed
         self._free_after_step: list[Any] = []
         self._pending_pause: tuple[str, asyncio.Future[ControlResult]] | None = None
-        self._flush_waiter: asyncio.Future[ControlResult] | None = None
+        self._idle_waiters: list[asyncio.Future[bool]] = []
         self.generated_tokens = 0      # business traffic only: probes are not counted
         self.prompt_tokens = 0
         self.steps_done = 0            # completed model steps (the watchdog's progress signal)
@@ -83,19 +97,26 @@ class SchedulerActor(SchedulerControl):
         # each step until the recording says it came back. Called (self, fn, batch, wrap=...).
         self.runner: Any = None
 
+    def on_start(self) -> None:
+        rec = self.system.recorder if self.system is not None else None
+        if rec is not None:
+            rec.created(SCHEDULER, self)
+
     # -- admission -----------------------------------------------------------------------------
     @handles(Submit)
     def _submit(self, msg: Submit) -> None:
         seq, actor = msg.seq, msg.actor
         if msg.rid in self.seqs:
-            actor.tell(Failed(msg.rid, f"duplicate request id {msg.rid!r}"))
+            self._end(seq, actor, Failed(msg.rid, f"duplicate request id {msg.rid!r}"))
             return
         info = self.engine.info
         capacity = min(info.max_model_len, info.num_blocks * info.block_size)
         if seq.num_tokens >= capacity:
-            actor.tell(Failed(msg.rid, f"prompt of {seq.num_tokens} tokens leaves no room to "
-                                       f"generate (capacity {capacity} tokens)"))
+            self._end(seq, actor, Failed(msg.rid, f"prompt of {seq.num_tokens} tokens leaves no room "
+                                                  f"to generate (capacity {capacity} tokens)"))
             return
+        if self.state is K.idle:
+            self.fire("admit")
         self.seqs[msg.rid] = seq
         self.actors[msg.rid] = actor
         if not seq.is_probe:
@@ -103,6 +124,14 @@ class SchedulerActor(SchedulerControl):
         (self.probe_lane if seq.is_probe else self.lane).append(seq)
 
     # -- leaving -------------------------------------------------------------------------------
+    def _end(self, seq: Any, actor: Actor | None, msg: Aborted | Failed) -> None:
+        """Tell a request it ended. A generation request hears it through the output stage,
+        after any token of it the stage still has, with the text its detokenizer held back."""
+        if seq.pooling is None and self.stage.alive:
+            self.stage.tell(msg)
+        elif actor is not None and actor.alive:
+            actor.tell(msg)
+
     def _drop(self, rid: str) -> Actor | None:
         """Forget a request; free its blocks now, or after the in-flight step if it is in it."""
         seq = self.seqs.pop(rid, None)
@@ -117,11 +146,16 @@ class SchedulerActor(SchedulerControl):
                     lane.remove(seq)
                 except ValueError:
                     pass
-        if self.inflight is not None and rid in self.inflight:
+        if rid in self.inflight:
             self._free_after_step.append(seq)
         else:
             self.bm.free(seq)
             self.engine.release(seq)
+        if not self.seqs:
+            if self.state in (K.pending, K.windowing):
+                self._cancel_window()
+                self.fire("empty")
+            self._check_idle()
         return actor
 
     def _matches(self, msg: Abort) -> list[str]:
@@ -134,28 +168,27 @@ class SchedulerActor(SchedulerControl):
         return [msg.rid] if msg.rid in self.seqs else []
 
     @handles(Abort)
-    def _abort(self, msg: Abort) -> int:
+    def _abort(self, msg: Abort) -> list[str]:
+        """Abort the matching requests; answers their rids."""
         rids = self._matches(msg)
         for rid in rids:
-            actor = self._drop(rid)
-            if actor is not None and actor.alive:
-                actor.tell(Aborted(rid, msg.reason))
-        return len(rids)
+            seq = self.seqs[rid]
+            self._end(seq, self._drop(rid), Aborted(rid, msg.reason))
+        return rids
 
     @handles(Release)
     def _release(self, msg: Release) -> None:
+        seq = self.seqs.get(msg.rid)
         self._drop(msg.rid)
+        if seq is not None and seq.pooling is None and self.stage.alive:
+            self.stage.tell(Forget(msg.rid))
 
     # -- stepping ------------------------------------------------------------------------------
     def on_drained(self) -> None:
-        if self.inflight is not None:
-            return
-        self._settle_flush()
-        if self.paused_mode is not None:
-            return
-        if self._hold_for_batch():
-            return
-        self._window_closed = False
+        if self.state is K.pending and not self._hold_for_batch():
+            self._start_step()
+
+    def _start_step(self) -> None:
         plan = self.policy.plan(self.running, [self.probe_lane, self.lane], self.bm)
         for seq in plan.retracted:
             self._tell(seq.rid, Retracted(seq.rid))
@@ -171,6 +204,7 @@ class SchedulerActor(SchedulerControl):
         if rec is not None:
             rec.note("step", "step", data={"sched": self.name, "step": self.step_id,
                                             "batch": [[s.rid, n] for s, n in plan.batch]})
+        self.fire("step")
         batch = plan.batch
         step = self.step_id
         run = self.runner or (self.system.run_in_thread if self.step_in_thread else self.system.run_inline)
@@ -189,30 +223,39 @@ class SchedulerActor(SchedulerControl):
         return StepDone(step, batch, res, err)
 
     def _hold_for_batch(self) -> bool:
-        """With a batching window: an idle scheduler whose next step would be part-empty waits
-        `batch_wait_s` for more arrivals (throughput of small encoder forwards). On a clock that
-        runs by itself the timer counts as outstanding work for `quiesce`; on a manual clock it
-        waits for the clock to be moved, like any timer. Probes never wait."""
-        if not self.batch_wait_s or self._window_closed or self.probe_lane or not self.lane:
+        """With a batching window: a scheduler whose next step would be part-empty waits
+        `batch_wait_s` for more arrivals (``pending -> windowing``; throughput of small encoder
+        forwards). On a clock that runs by itself the timer counts as outstanding work for
+        `quiesce`; on a manual clock it waits for the clock to be moved, like any timer. Probes
+        never wait, and a full batch does not either."""
+        if not self.batch_wait_s or self.probe_lane or not self.lane:
             return False
         if self.running or len(self.lane) >= self.policy.config.max_num_seqs:
             return False
-        if self._window is None:
-            sysm = self.system
-            assert sysm is not None
-            counted = self._window_busy
+        sysm = self.system
+        assert sysm is not None
+        counted = self._window_busy
+        if counted:
+            sysm._inc()
+
+        def close() -> None:
+            self._window = None        # fired: nothing to cancel any more
+            if self.alive:
+                self.tell(BatchWindowClosed())
             if counted:
-                sysm._inc()
+                sysm._dec()
 
-            def close() -> None:
-                self._window = None        # fired: on_stop has nothing to cancel any more
-                if self.alive:
-                    self.tell(BatchWindowClosed())
-                if counted:
-                    sysm._dec()
-
-            self._window = sysm.call_later(self.batch_wait_s, close, f"{self.name}:batch_window")
+        self._window = sysm.call_later(self.batch_wait_s, close, f"{self.name}:batch_window")
+        self.fire("window")
         return True
+
+    def _cancel_window(self) -> None:
+        if self._window is not None:
+            self._window.cancel()
+            self._window = None
+            if self._window_busy:
+                assert self.system is not None
+                self.system._dec()
 
     @property
     def _window_busy(self) -> bool:
@@ -221,7 +264,9 @@ class SchedulerActor(SchedulerControl):
 
     @handles(BatchWindowClosed)
     def _window_done(self, msg: BatchWindowClosed) -> None:
-        self._window_closed = True      # the step starts when this turn drains
+        if self.state is K.windowing:     # else it was cancelled meanwhile (pause, empty)
+            self.fire("window_closed")
+            self._start_step()
 
     def _fail_unfittable(self) -> None:
         """Nothing runs and the head of the queue still does not fit: it never will."""
@@ -230,22 +275,19 @@ class SchedulerActor(SchedulerControl):
         for lane in (self.probe_lane, self.lane):
             if lane:
                 seq = lane[0]
-                actor = self._drop(seq.rid)
-                if actor is not None:
-                    actor.tell(Failed(seq.rid, "the request needs more KV blocks than the cache has"))
+                self._end(seq, self._drop(seq.rid),
+                          Failed(seq.rid, "the request needs more KV blocks than the cache has"))
                 return
 
     @handles(StepDone)
     def _step_done(self, msg: StepDone) -> None:
-        self.inflight = None
         self.steps_done += 1
+        items: list[TokenItem] = []
         if msg.error is not None:
             err = f"model step failed: {type(msg.error).__name__}: {msg.error}"
             for seq, _ in msg.batch:
                 if self.seqs.get(seq.rid) is seq:
-                    actor = self._drop(seq.rid)
-                    if actor is not None:
-                        actor.tell(Failed(seq.rid, err))
+                    self._end(seq, self._drop(seq.rid), Failed(seq.rid, err))
         else:
             counts = {id(seq): n for seq, n in msg.batch}
             for out in msg.outputs or ():
@@ -254,12 +296,40 @@ class SchedulerActor(SchedulerControl):
                     continue  # aborted or released while the step ran
                 seq.num_computed += counts[id(seq)]
                 self.bm.commit(seq)
-                self._route(seq, out)
+                item = self._route(seq, out)
+                if item is not None:
+                    items.append(item)
+        self.inflight = {}
         for seq in self._free_after_step:
             self.bm.free(seq)
             self.engine.release(seq)
         self._free_after_step.clear()
+        if not items:
+            self._end_step(())
+            return
+        assert self.system is not None
+        self.system.pipe(self.stage.ask(StepOutputs(msg.step, tuple(items))), self,
+                         wrap=outputs_done(msg.step))
+
+    @handles(OutputsDone)
+    def _outputs_done(self, msg: OutputsDone) -> None:
+        if msg.error is not None:     # the stage itself failed: its requests cannot go on
+            err = f"output stage failed: {type(msg.error).__name__}: {msg.error}"
+            for rid in list(self.seqs):
+                seq = self.seqs[rid]
+                if seq.pooling is None:
+                    actor = self._drop(rid)
+                    if actor is not None and actor.alive:
+                        actor.tell(Failed(rid, err))
+        self._end_step(msg.stopped + msg.failed)
+
+    def _end_step(self, stopped: tuple[str, ...]) -> None:
+        """The step and its outputs are over: free what the stage finished, then plan anew."""
+        for rid in stopped:
+            self._drop(rid)
+        self.fire("step_done")
         self._apply_pending_pause()
+        self._check_idle()
 
     def _tell(self, rid: str, message: Any) -> None:
         """Tell a request actor, unless it has already stopped: an actor that ended on its own
@@ -268,20 +338,21 @@ class SchedulerActor(SchedulerControl):
         if actor is not None and actor.alive:
             actor.tell(message)
 
-    def _route(self, seq: Any, out: Any) -> None:
+    def _route(self, seq: Any, out: Any) -> TokenItem | None:
+        """One member's output: pooled values and prefill progress go to the request actor;
+        a token goes to the output stage (returned), with the scheduler's own verdict."""
         actor = self.actors[seq.rid]
-        if not actor.alive:
-            return          # ended on its own; its `Release` frees the sequence
         if seq.pooling is not None:
             if out.pooled is None:
-                actor.tell(PrefillProgress(seq.rid, seq.num_computed))
+                self._tell(seq.rid, PrefillProgress(seq.rid, seq.num_computed))
             else:
                 self._drop(seq.rid)
-                actor.tell(PoolOut(seq.rid, out.pooled))
-            return
+                if actor.alive:
+                    actor.tell(PoolOut(seq.rid, out.pooled))
+            return None
         if out.token_id is None:
-            actor.tell(PrefillProgress(seq.rid, seq.num_computed))
-            return
+            self._tell(seq.rid, PrefillProgress(seq.rid, seq.num_computed))
+            return None
         tok = out.token_id
         seq.output_ids.append(tok)
         if not seq.is_probe:
@@ -289,7 +360,7 @@ class SchedulerActor(SchedulerControl):
         reason = self._finish_reason(seq, tok)
         if reason is not None:
             self._drop(seq.rid)
-        actor.tell(TokenOut(seq.rid, tok, out.logprob, out.top_logprobs, reason))
+        return TokenItem(seq.rid, tok, out.logprob, out.top_logprobs, reason)
 
     def _finish_reason(self, seq: Any, tok: int) -> str | None:
         sp = seq.sampling
@@ -304,29 +375,25 @@ class SchedulerActor(SchedulerControl):
 
     @handles(ProgressQuery)
     def _progress(self, msg: ProgressQuery) -> Progress:
-        pending = self.inflight is not None or (bool(self.seqs) and self.paused_mode is None)
+        stepping = self.state in (K.stepping, K.pausing)
+        pending = stepping or (bool(self.seqs) and self.paused_mode is None)
         return Progress(self.steps_done, pending, len(self.seqs))
 
     # -- introspection and teardown ------------------------------------------------------------
     def stats(self) -> SchedulerStats:
         kv = self.bm.stats()
         return SchedulerStats(
-            waiting=len(self.lane) + len(self.probe_lane), running=len(self.running),
-            paused_mode=self.paused_mode, step_in_flight=self.inflight is not None,
+            state=self.state.name, waiting=len(self.lane) + len(self.probe_lane), running=len(self.running),
+            paused_mode=self.paused_mode, step_in_flight=self.state in (K.stepping, K.pausing),
             steps=self.step_id, live_requests=len(self.seqs), kv_used_blocks=kv.used_blocks,
             kv_free_blocks=kv.free_blocks, kv_cached_blocks=kv.cached_free_blocks,
             kv_usage=kv.usage, prefix_hit_rate=kv.hit_rate,
             generated_tokens=self.generated_tokens, prompt_tokens=self.prompt_tokens)
 
     def on_stop(self) -> None:
-        if self._window is not None:        # an open batching window no longer owes a step
-            self._window.cancel()
-            self._window = None
-            assert self.system is not None
-            if self._window_busy:
-                self.system._dec()
+        self._cancel_window()               # an open batching window no longer owes a step
         for rid in list(self.seqs):
-            actor = self._drop(rid)
-            if actor is not None and actor.alive:
-                actor.tell(Aborted(rid, "server shutting down"))
+            seq = self.seqs[rid]
+            self._end(seq, self._drop(rid), Aborted(rid, "server shutting down"))
         self._answer_waiters("server shutting down")
+        self.fire("stop")

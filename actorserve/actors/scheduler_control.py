@@ -1,16 +1,23 @@
-"""Pause, continue and flush: the part of the scheduler actor that the control plane drives.
+"""Pause, continue, flush and idle waits: the part of the scheduler that the control plane drives.
 
-Pause modes: `abort` aborts everything in flight; `retract` frees all KV and puts running
-requests back at the front of the queue (recomputed on continue); `in_place` forms no new
-batch and keeps the KV. While paused in any mode new requests queue up; `Continue` resumes.
+Every phase is a state of the SCHEDULER lifecycle (`statemachines.lifecycles`), fired on the
+scheduler actor itself, so the diagram, the recording and the code agree:
 
-A pause that arrives while a step runs waits for the step boundary (`_apply_pending_pause`,
-called by the scheduler when the step is back); a `Continue` before then cancels it. A flush
-refused because requests are in flight may wait for idle (`_settle_flush`, called whenever the
-scheduler's mailbox drains) until the control actor's `FlushTimeout`.
+* `Pause(mode)` with no step in flight goes ``idle | pending | windowing -> paused_<mode>`` at
+  once. `abort` aborts everything in flight; `retract` frees all KV and puts running requests back
+  at the front of the queue (recomputed on continue); `in_place` forms no new batch and keeps the
+  KV. While paused in any mode new requests queue up.
+* A pause that arrives while a step runs goes ``stepping -> pausing``: it takes effect at the
+  step boundary (`_apply_pending_pause`, after the output stage has answered), and its reply
+  waits for it. A `Continue` before then cancels it (``pausing -> stepping``).
+* `Continue` goes ``paused_<mode> -> pending | idle``.
+* `Flush` clears the prefix cache when no request is in flight, else answers busy; waiting for
+  idle is the control record's `waiting` state, not the scheduler's: the control actor asks
+  `WhenIdle` and flushes again when the answer comes. `WhenIdle` is answered the moment the
+  scheduler has no request and no step (a waiting flush, a drain).
 
 `SchedulerControl` is the scheduler actor's base class; the state it reads (queues, block
-manager, in-flight step) belongs to `SchedulerActor`.
+manager, the step in flight) belongs to `SchedulerActor`.
 """
 
 from __future__ import annotations
@@ -20,51 +27,72 @@ from collections import deque
 from typing import Any
 
 from ..messages import (
-    Abort, Continue, ControlResult, Flush, FlushTimeout, Pause, Paused, Resumed, Retracted,
+    Abort, Continue, ControlResult, Flush, Pause, Paused, Resumed, Retracted, WhenIdle,
 )
+from ..statemachines import PAUSE_MODES, PAUSED_MODE, SCHEDULER, SchedulerState
 from .actor import Actor, handles
 
-PAUSE_MODES = ("abort", "retract", "in_place")
+K = SchedulerState
 
 
 class SchedulerControl(Actor):
     # owned by SchedulerActor
+    state: SchedulerState
     running: list[Any]
     lane: deque[Any]
     seqs: dict[str, Any]
     bm: Any
-    inflight: dict[str, Any] | None
-    paused_mode: str | None
     _pending_pause: tuple[str, asyncio.Future[ControlResult]] | None
-    _flush_waiter: asyncio.Future[ControlResult] | None
-    # and its `_abort(Abort)` and `_tell(rid, message)`
+    _idle_waiters: list[asyncio.Future[bool]]
+    # and its `_abort(Abort)`, `_tell(rid, message)`, `_cancel_window()`
 
+    def fire(self, event: str) -> None:
+        rec = self.system.recorder if self.system is not None else None
+        SCHEDULER.fire(self, event, observer=rec)
+
+    @property
+    def has_work(self) -> bool:
+        """Condition of `step_done` / `resume`: requests are left (queued or running)."""
+        return bool(self.seqs)
+
+    @property
+    def paused_mode(self) -> str | None:
+        return PAUSED_MODE.get(self.state)
+
+    @property
+    def idle(self) -> bool:
+        """No request and no step in flight (paused or not)."""
+        return not self.seqs and self.state not in (K.stepping, K.pausing)
+
+    # -- pause / continue ----------------------------------------------------------------------
     @handles(Pause)
     def _pause(self, msg: Pause) -> Any:
         if msg.mode not in PAUSE_MODES:
             return ControlResult(False, f"unknown pause mode {msg.mode!r}; use one of {PAUSE_MODES}")
         if self.paused_mode is not None:
             return ControlResult(False, f"already paused ({self.paused_mode}); continue first")
-        if self.inflight is not None:  # take effect at the step boundary
-            if self._pending_pause is not None:
-                return ControlResult(False, "a pause is already pending")
+        if self.state is K.pausing:
+            return ControlResult(False, "a pause is already pending")
+        if self.state is K.stepping:  # take effect at the step boundary
             fut = asyncio.get_running_loop().create_future()
             self._pending_pause = (msg.mode, fut)
+            self.fire("defer_pause")
             return fut
         return self._apply_pause(msg.mode)
 
     def _apply_pause(self, mode: str) -> ControlResult:
-        self.paused_mode = mode
+        self._cancel_window()
         n = len(self.running)
         if mode == "abort":
-            n = self._abort(Abort(abort_all=True))
-        elif mode == "retract":
+            n = len(self._abort(Abort(abort_all=True)))
+        self.fire(f"pause_{mode}")
+        if mode == "retract":
             for seq in self.running:
                 self.bm.free(seq)
                 self._tell(seq.rid, Retracted(seq.rid))
             self.lane.extendleft(reversed(self.running))
             self.running.clear()
-        else:  # a pooling forward has no paused state: it just is not stepped until continue
+        elif mode == "in_place":  # a pooling forward has no paused state: it just is not stepped
             for seq in self.running:
                 if seq.pooling is None:
                     self._tell(seq.rid, Paused(seq.rid))
@@ -72,53 +100,27 @@ class SchedulerControl(Actor):
 
     @handles(Continue)
     def _continue(self, msg: Continue) -> ControlResult:
-        if self._pending_pause is not None:  # not applied yet: cancel it, nothing to resume
+        if self.state is K.pausing:  # not applied yet: cancel it, nothing to resume
+            assert self._pending_pause is not None
             _, fut = self._pending_pause
             self._pending_pause = None
+            self.fire("cancel_pause")
             if not fut.done():
                 self._reply(fut, ControlResult(False, "pause cancelled by continue_generation"))
             return ControlResult(True, "continued (a pending pause was cancelled)", {"was": None})
-        mode, self.paused_mode = self.paused_mode, None
+        mode = self.paused_mode
+        if mode is None:
+            return ControlResult(True, "was not paused", {"was": None})
+        self.fire("resume")
         if mode == "in_place":
             for seq in self.running:
                 if seq.pooling is None:
-                    self._tell(seq.rid, Resumed(seq.rid))
-        return ControlResult(True, "continued" if mode else "was not paused", {"was": mode})
+                    self._tell(seq.rid, Resumed(seq.rid, seq.prefill_complete))
+        self._check_idle()
+        return ControlResult(True, "continued", {"was": mode})
 
-    @property
-    def idle(self) -> bool:
-        return not self.seqs and self.inflight is None
-
-    @handles(Flush)
-    def _flush(self, msg: Flush) -> Any:
-        if self.paused_mode == "in_place":
-            return ControlResult(False, "cannot flush while paused in_place: the KV is kept")
-        if self.idle:
-            return self._do_flush()
-        if not msg.wait:
-            return ControlResult(False, f"engine busy: {len(self.seqs)} requests in flight",
-                                 {"busy": len(self.seqs)})
-        fut = asyncio.get_running_loop().create_future()
-        if self._flush_waiter is not None:
-            self._reply(fut, ControlResult(False, "another flush is already waiting for idle"))
-        else:
-            self._flush_waiter = fut
-        return fut
-
-    @handles(FlushTimeout)
-    def _flush_timeout(self, msg: FlushTimeout) -> None:
-        w, self._flush_waiter = self._flush_waiter, None
-        if w is not None and not w.done():
-            self._reply(w, ControlResult(False, "timed out waiting for the engine to become idle",
-                                         {"busy": len(self.seqs)}))
-
-    def _do_flush(self) -> ControlResult:
-        n = self.bm.flush()
-        return ControlResult(True, "prefix cache flushed", {"freed_blocks": n})
-
-    # -- hooks the scheduler calls -------------------------------------------------------------
     def _apply_pending_pause(self) -> None:
-        """The step is back: a pause that waited for its boundary takes effect now."""
+        """The step is over (its outputs decided): a pause that waited for it applies now."""
         if self._pending_pause is not None:
             mode, fut = self._pending_pause
             self._pending_pause = None
@@ -126,15 +128,39 @@ class SchedulerControl(Actor):
             if not fut.done():
                 self._reply(fut, res)
 
-    def _settle_flush(self) -> None:
-        """The mailbox drained with no step in flight: a waiting flush runs once idle."""
-        if self._flush_waiter is not None and self.idle and self.paused_mode != "in_place":
-            w, self._flush_waiter = self._flush_waiter, None
-            if not w.done():
-                self._reply(w, self._do_flush())
+    # -- flush and idle ------------------------------------------------------------------------
+    @handles(Flush)
+    def _flush(self, msg: Flush) -> ControlResult:
+        if self.state is K.paused_in_place:
+            return ControlResult(False, "cannot flush while paused in_place: the KV is kept")
+        if not self.idle:
+            return ControlResult(False, f"engine busy: {len(self.seqs)} requests in flight",
+                                 {"busy": len(self.seqs)})
+        n = self.bm.flush()
+        return ControlResult(True, "prefix cache flushed", {"freed_blocks": n})
+
+    @handles(WhenIdle)
+    def _when_idle(self, msg: WhenIdle) -> Any:
+        if self.idle:
+            return True
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(fut)
+        return fut
+
+    def _check_idle(self) -> None:
+        """Called wherever the last request may have left: answer who waits for idle."""
+        if self._idle_waiters and self.idle:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    self._reply(fut, True)
 
     def _answer_waiters(self, why: str) -> None:
-        """Teardown: a waiting flush or pending pause will never happen."""
-        for fut in (self._flush_waiter, self._pending_pause[1] if self._pending_pause else None):
-            if fut is not None and not fut.done():
-                self._reply(fut, ControlResult(False, why))
+        """Teardown: a pending pause or an idle wait will never happen."""
+        if self._pending_pause is not None and not self._pending_pause[1].done():
+            self._reply(self._pending_pause[1], ControlResult(False, why))
+        self._pending_pause = None
+        for fut in self._idle_waiters:
+            if not fut.done():
+                self._reply(fut, False)
+        self._idle_waiters = []

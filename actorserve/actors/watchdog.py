@@ -4,12 +4,12 @@ Every ``interval`` seconds (a timer on the runtime's clock, so a `ManualClock` d
 tests) the watchdog asks the scheduler for its `Progress` — a message, not a read of the
 scheduler's fields — and the answer comes back as a `WatchdogReport`. Progress means a model
 step completed since the last report, or there is nothing that should progress (idle, or paused
-with no step in flight). When work is pending and no step has completed for ``timeout`` seconds,
-the watchdog sends the control actor ``ServerEvent("stall", reason)``: the server lifecycle goes
-``unhealthy`` with the reason visible in ``/server_info`` and health answers 503. The first
-report that shows progress again sends ``recover``. Whether each event was applied comes back as
-a `WatchdogAck`, so the watchdog never fires ``recover`` for a stall the lifecycle refused
-(e.g. while draining).
+with no step in flight). After each report the watchdog tells the control actor its verdict
+(`HealthVerdict`): not ok when work is pending and no step has completed for ``timeout``
+seconds. The control actor owns the HEALTH lifecycle and moves it (``stall`` /
+``recover``) only when the verdict differs from it, so the watchdog keeps no copy of the
+server's health: the reason is visible in ``/server_info`` and health answers 503 while
+``unhealthy``.
 
 The resolution is the tick interval: a stall is seen between ``timeout`` and
 ``timeout + interval`` seconds after the last step.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..messages import Progress, ProgressQuery, ServerEvent, WatchdogAck, WatchdogReport, WatchdogTick
+from ..messages import HealthVerdict, Progress, ProgressQuery, WatchdogReport, WatchdogTick
 from .actor import Actor, handles
 from .clock import Timer
 
@@ -36,10 +36,7 @@ class WatchdogActor(Actor):
         self.interval = float(interval if interval is not None else max(0.01, timeout / 4))
         self.last_steps = -1
         self.last_progress = 0.0      # clock time of the last report that showed progress
-        self.stalled = False          # a stall the server lifecycle accepted
         self.asking = False
-        self.reason = ""
-        self.stalls = 0
         self._timer: Timer | None = None
 
     # -- timer ---------------------------------------------------------------------------------
@@ -85,36 +82,14 @@ class WatchdogActor(Actor):
         self.last_steps = p.steps_done
         if progressed:
             self.last_progress = now
-            if self.stalled:
-                self._send("recover", "model steps resumed")
-            return
         idle_for = now - self.last_progress
-        if idle_for >= self.timeout and not self.stalled:
-            self.reason = (f"watchdog: no scheduler step completed for {idle_for:.1f}s with "
-                           f"{p.live} request(s) pending (timeout {self.timeout:g}s)")
-            self._send("stall", self.reason)
-
-    def _send(self, event: str, reason: str) -> None:
-        if not self.control.alive:
-            return
-        if event == "stall":
-            self.stalled = True        # optimistic: the ack corrects it if the lifecycle refused
+        if idle_for < self.timeout:
+            verdict = HealthVerdict(True, "model steps are progressing")
         else:
-            self.stalled = False
-        assert self.system is not None
-        self.system.pipe(self.control.ask(ServerEvent(event, reason)), self,
-                         wrap=lambda res, err: WatchdogAck(event, err is None and bool(res.ok)))
-
-    @handles(WatchdogAck)
-    def _ack(self, msg: WatchdogAck) -> None:
-        if msg.event == "stall":
-            if msg.ok:
-                self.stalls += 1
-            else:
-                self.stalled = False
-        elif not msg.ok:
-            self.stalled = False
+            verdict = HealthVerdict(False, f"watchdog: no scheduler step completed for {idle_for:.1f}s "
+                                           f"with {p.live} request(s) pending (timeout {self.timeout:g}s)")
+        if self.control.alive:
+            self.control.tell(verdict)
 
     def status(self) -> dict[str, Any]:
-        return {"timeout_s": self.timeout, "interval_s": self.interval, "stalled": self.stalled,
-                "stalls": self.stalls, "reason": self.reason if self.stalled else ""}
+        return {"timeout_s": self.timeout, "interval_s": self.interval}

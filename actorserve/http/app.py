@@ -57,7 +57,7 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
                           middlewares=[error_middleware, auth_middleware(config.api_key)])
     ctx = ServerContext(runtime=runtime, tokenizer=tokenizer, config=config, served_name=served_name,
                         created=int(time.time()))
-    ctx.metrics = Metrics(runtime.stats, lambda: runtime.server_state, runtime.pool_stats)
+    ctx.metrics = Metrics(runtime.stats, runtime.snapshot, runtime.pool_stats)
     app[CTX] = ctx
     ctx.extra["pooling"] = dict(pool_models or {})
     app.router.add_routes(pooling_routes.ROUTES)

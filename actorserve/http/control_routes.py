@@ -57,10 +57,9 @@ async def continue_generation(request: web.Request) -> web.Response:
 
 
 async def is_paused(request: web.Request) -> web.Response:
-    state = request.app[CTX].runtime.server_state
-    paused = state.startswith("paused")
-    mode = state[len("paused("):-1] if paused and "(" in state else None
-    return web.json_response({"is_paused": paused, "mode": mode, "server_state": state})
+    snap = request.app[CTX].runtime.snapshot()
+    return web.json_response({"is_paused": snap.paused, "mode": snap.pause_mode,
+                              "server_state": snap.state})
 
 
 async def flush_cache(request: web.Request) -> web.Response:

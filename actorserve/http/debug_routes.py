@@ -57,12 +57,12 @@ async def request_info(request: web.Request) -> web.Response:
     if not history:
         raise APIError(404, f"no recorded events for request {rid!r}", code="not_found", param="rid")
     kind = _lifecycle_kind(history)
-    actor = request.app[CTX].runtime.system.get(f"req:{rid}")
-    state = getattr(actor, "state", None)
-    live = state is not None
-    if live:
-        state = getattr(state, "name", str(state))
+    info = request.app[CTX].runtime.request_info(rid)
+    live = info is not None
+    if info is not None:
+        state = info["state"]
     else:
+        state = None
         for e in reversed(history):
             if e.kind == kind and e.ok and e.dst is not None:
                 state = e.dst

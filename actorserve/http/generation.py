@@ -21,7 +21,6 @@ from ..messages import RequestOutput, SessionBegin, SessionEnd
 from .errors import APIError
 from .state import ServerContext
 
-NOT_ACCEPTING = ("starting", "draining", "stopped")
 MAX_N = 64                                      # choices per prompt
 _BACKGROUND: set[asyncio.Task[None]] = set()   # drains of aborted streams (strong refs)
 
@@ -39,9 +38,9 @@ class Job:
 
 
 def check_accepting(ctx: ServerContext) -> None:
-    state = ctx.runtime.server_state
-    if state in NOT_ACCEPTING:
-        raise APIError(503, f"server is {state}; not accepting requests", code="server_unavailable")
+    snap = ctx.runtime.snapshot()
+    if not snap.accepting:
+        raise APIError(503, f"server is {snap.state}; not accepting requests", code="server_unavailable")
 
 
 def check_prompt(ctx: ServerContext, ids: list[int]) -> None:
@@ -92,9 +91,8 @@ class RequestGroup:
         With ``session``, the request was begun by `session_prompt` under `rid`."""
         try:
             check_prompt(self.ctx, ids)
-            detok = self.ctx.tokenizer.new_detokenizer(stop=sp.stop, skip_special_tokens=sp.skip_special_tokens)
             timer = self.ctx.metrics.timer(self.kind) if self.ctx.metrics is not None else None
-            handle = self.ctx.runtime.generate(ids, sp, rid=rid, detokenizer=detok, session=session)
+            handle = self.ctx.runtime.generate(ids, sp, rid=rid, session=session)
         except BaseException:
             if session is not None and rid is not None:
                 task = asyncio.ensure_future(self.ctx.runtime.session(SessionEnd(session, rid, submitted=False)))
@@ -177,7 +175,7 @@ class RequestGroup:
         background so the metrics still count the request (as aborted)."""
         for job in self.jobs:
             if not job.finished:
-                self.ctx.runtime.abort(job.rid)
+                self.ctx.runtime.abort(job.rid, "client went away")
                 job.finished = True
                 task = asyncio.ensure_future(self._drain(job))
                 _BACKGROUND.add(task)

@@ -100,9 +100,12 @@ async def health_generate(request: web.Request) -> web.Response:
     ok, why, dt = False, "health check cancelled", 0.0
     try:
         ok, why, dt = await probe(ctx, timeout)
-        state = rt.server_state
-        if ok and state.split("(")[0] not in ("serving", "paused"):   # unhealthy or draining meanwhile
-            ok, why = False, rt.control_actor.server.reason or f"server is {state}"
+        snap = rt.snapshot()
+        state = snap.state
+        if ok and snap.health == "unhealthy":             # the watchdog saw a stall meanwhile
+            ok, why = False, snap.health_reason or "server is unhealthy"
+        elif ok and not (state == "serving" or snap.paused):   # draining meanwhile
+            ok, why = False, snap.reason or f"server is {state}"
     finally:
         rt.health_done(record, ok, why)
     if not ok:

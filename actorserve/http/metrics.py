@@ -29,10 +29,10 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1
 
 
 class _StatsCollector(Collector):
-    def __init__(self, stats: Callable[[], Any], server_state: Callable[[], str],
+    def __init__(self, stats: Callable[[], Any], snapshot: Callable[[], Any],
                  pool_stats: Callable[[], dict[str, Any]] | None = None) -> None:
         self._stats = stats
-        self._state = server_state
+        self._snapshot = snapshot
         self._pool_stats = pool_stats
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -46,7 +46,7 @@ class _StatsCollector(Collector):
         yield GaugeMetricFamily(PREFIX + "prefix_cache_hit_rate", "Prefix-cache hit rate (blocks)",
                                 value=st.prefix_hit_rate)
         yield GaugeMetricFamily(PREFIX + "server_paused", "1 while generation is paused",
-                                value=1.0 if self._state().startswith("paused") else 0.0)
+                                value=1.0 if self._snapshot().paused else 0.0)
         pools = self._pool_stats() if self._pool_stats is not None else {}
         if pools:
             running = GaugeMetricFamily(PREFIX + "pool_num_requests_running",
@@ -68,7 +68,7 @@ class _StatsCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, stats: Callable[[], Any], server_state: Callable[[], str],
+    def __init__(self, stats: Callable[[], Any], snapshot: Callable[[], Any],
                  pool_stats: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -82,7 +82,7 @@ class Metrics:
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter(PREFIX + "requests", "Finished requests",
                                 ["kind", "finish_reason"], registry=r)
-        r.register(_StatsCollector(stats, server_state, pool_stats))
+        r.register(_StatsCollector(stats, snapshot, pool_stats))
 
     def timer(self, kind: str) -> "RequestTimer":
         return RequestTimer(self, kind)

@@ -23,8 +23,6 @@ from .generation import Job, RequestGroup, check_accepting, session_prompt, sess
 from .schemas import DetokenizeRequest, GenerateRequest, TokenizeRequest, read_json
 from .state import CTX
 
-_HEALTHY = ("serving", "paused")
-
 
 def _meta(job: Job, out: Any, finished: bool) -> dict[str, Any]:
     reason = None
@@ -145,19 +143,17 @@ async def server_info(request: web.Request) -> web.Response:
         cfg["api_key"] = "***"
     rt = ctx.runtime
     return web.json_response({
-        "server_state": rt.server_state, "server_reason": rt.control_actor.server.reason,
-        "watchdog": rt.watchdog.status() if rt.watchdog is not None else None,
-        "sessions": rt.sessions.describe(), "served_model_name": ctx.served_name,
+        **_jsonable(rt.server_info()), "served_model_name": ctx.served_name,
         "scheduler": _jsonable(ctx.runtime.stats()),
         "pooling": {key: _jsonable(st) for key, st in rt.pool_stats().items()}, "config": cfg,
         "uptime_s": round(time.time() - ctx.created, 3) if ctx.created else None})
 
 
 async def health(request: web.Request) -> web.Response:
-    state = request.app[CTX].runtime.server_state
-    ok = state.split("(")[0] in _HEALTHY
-    return web.json_response({"status": "ok" if ok else "unavailable", "server_state": state},
-                             status=200 if ok else 503)
+    snap = request.app[CTX].runtime.snapshot()
+    ok = (snap.state == "serving" or snap.paused) and snap.health == "healthy"
+    return web.json_response({"status": "ok" if ok else "unavailable", "server_state": snap.state,
+                              "health": snap.health}, status=200 if ok else 503)
 
 
 ROUTES = [

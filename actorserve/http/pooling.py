@@ -159,7 +159,7 @@ class PoolGroup:
     async def __aexit__(self, *exc: Any) -> None:
         for h in self.handles:
             if h.rid not in self.finished and not h.stream.closed:
-                self.ctx.runtime.abort(h.rid)
+                self.ctx.runtime.abort(h.rid, "client went away")
 
 
 # -- loading -----------------------------------------------------------------------------------

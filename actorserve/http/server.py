@@ -22,7 +22,6 @@ from aiohttp import web
 
 from ..actors.runtime import Runtime
 from ..config import ServerConfig
-from ..messages import ServerEvent
 from ..replay.recorder import FlightRecorder
 from ..statemachines import LIFECYCLES
 from .app import build_app
@@ -83,7 +82,9 @@ def build_runtime(config: ServerConfig) -> Built:
     from .pooling import load_pool_models
     pool = load_pool_models(mc)
     runtime = Runtime(engine, config=config.scheduler, recorder=recorder,
-                      pooling_engines={k: pm.engine for k, pm in pool.items()})
+                      pooling_engines={k: pm.engine for k, pm in pool.items()},
+                      detokenizer=lambda sp: tokenizer.new_detokenizer(
+                          stop=sp.stop, skip_special_tokens=sp.skip_special_tokens))
     return Built(runtime, tokenizer, name, str(path), pool)
 
 
@@ -97,12 +98,11 @@ def make_app(config: ServerConfig, built: Built | None = None) -> web.Applicatio
 
 
 async def _drain(runtime: Runtime, timeout_s: float) -> None:
-    await runtime.control(ServerEvent("drain", "signal"))
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while (runtime.stats().live_requests or any(s.live_requests for s in runtime.pool_stats().values())) \
-            and loop.time() < deadline:
-        await asyncio.sleep(0.05)
+    """``-> draining``; wait (bounded) for the control actor's word that no request is left."""
+    try:
+        await asyncio.wait_for(asyncio.shield(runtime.drain("signal")), timeout_s)
+    except asyncio.TimeoutError:
+        log.warning("drain: requests still in flight after %.1fs; stopping anyway", timeout_s)
 
 
 async def serve_async(config: ServerConfig, *, built: Built | None = None,

@@ -89,8 +89,11 @@ def check(events: Iterable[Event], *, require_terminal: bool = True) -> Report:
                 viol.append(Violation("divergence", ev.rid, ev.seq,
                                       f"{ev.kind}: recorded source {ev.src} but replay is in {subj.state.name}"))
             else:
-                # The resume condition is re-derived from the recorded destination.
-                subj.prefill_complete = ev.dst == "decode"  # type: ignore[attr-defined]
+                # Conditions (resume's, step_done's) are re-derived from the recorded destination:
+                # a row's condition held iff that row leads where the recording went.
+                for edge in lc.edges:
+                    if edge.condition and edge.event == ev.event and subj.state in edge.sources:
+                        setattr(subj, edge.condition, edge.dest.name == ev.dst)
                 try:
                     lc.fire(subj, ev.event)
                 except LifecycleError as exc:

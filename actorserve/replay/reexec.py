@@ -38,8 +38,8 @@ from .recorder import Event, FlightRecorder
 from .standin import ReplayClock, ReplayDetokenizer, ReplayEngine
 
 CONTROL_MESSAGES = ("AbortRequest", "PauseGeneration", "ContinueGeneration", "FlushCache",
-                    "OpenSession", "CloseSession", "HealthCheck", "ServerEvent", "SessionBegin",
-                    "SessionEnd")
+                    "OpenSession", "CloseSession", "HealthCheck", "ServerEvent", "Drain",
+                    "SessionBegin", "SessionEnd")
 
 
 class RecordingError(ValueError):
@@ -146,18 +146,19 @@ def _model_answers(events: list[Event]) -> tuple[dict[str, deque[int]], dict[tup
     tokens: dict[str, deque[int]] = defaultdict(deque)
     stops: dict[tuple[str, int], int] = {}
     incarnation: dict[str, int] = defaultdict(lambda: -1)
-    seen: dict[str, int] = defaultdict(int)
+    seen: dict[str, int] = defaultdict(int)          # tokens of this incarnation so far
     for e in events:
         if e.kind == "input" and e.event == "step_end":
             for rid, tok in (e.data or {}).get("out") or ():
                 if isinstance(tok, int) and not isinstance(tok, bool):
                     tokens[rid].append(tok)
+                    seen[rid] += 1
         elif e.kind == "input" and e.event == "generate" and e.rid is not None:
             incarnation[e.rid] += 1
             seen[e.rid] = 0
-        elif e.kind == "message" and e.event == "TokenOut" and e.rid is not None and e.dst == f"req:{e.rid}":
-            seen[e.rid] += 1
         elif e.kind == "detok" and e.event == "stop_string" and e.rid is not None:
+            # the output stage's verdict comes before the next step is planned: the tokens so
+            # far are the ones it had seen
             stops[(e.rid, incarnation[e.rid])] = seen[e.rid]
     return tokens, stops
 
@@ -278,9 +279,9 @@ class _Driver:
         elif e.event == "pool":
             rt.pool(list(d["prompt"]), PoolingParams(**_params(d)), rid=e.rid,
                     is_probe=d.get("probe", False), target=d.get("target"))
-        elif e.event == "abort":
+        elif e.event == "abort":    # recordings from before every abort was a control request
             assert e.rid is not None
-            rt.abort(e.rid, d.get("reason", "abort"))
+            self._keep(rt.abort(e.rid, d.get("reason", "abort")))
         elif e.event in ("control", "session"):
             if d.get("op") not in CONTROL_MESSAGES:
                 raise RecordingError(f"seq {e.seq}: unknown control message {d.get('op')!r}")
@@ -288,6 +289,13 @@ class _Driver:
             self._keep(rt.control(msg) if e.event == "control" else rt.session(msg))
         elif e.event == "health_done":
             rt.health_done(d["record"], d["ok"], d["reason"])
+        elif e.event == "delivered":
+            assert e.rid is not None
+            info = rt.request_info(e.rid)
+            if info is not None and info["state"] not in ("detok", "pool"):
+                self._drifted(e)     # a what-if run: this request has not got that far here
+            else:
+                rt.delivered(e.rid)
         elif e.event == "step_end":
             self._step_end(e, d)
         elif e.event == "timer":

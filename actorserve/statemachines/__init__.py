@@ -2,12 +2,14 @@
 
 from .core import Edge, IllegalTransition, Lifecycle, LifecycleError, Subject, UnknownEvent
 from .lifecycles import (
-    CONTROL, GENERATION, LIFECYCLES, POOLING, SERVER, SESSION,
-    ControlState, GenState, PoolState, ServerState, SessionState, lifecycle,
+    CONTROL, GENERATION, HEALTH, LIFECYCLES, PAUSE_MODES, PAUSED_MODE, POOLING, SCHEDULER, SERVER,
+    SESSION, ControlState, GenState, HealthState, PoolState, SchedulerState, ServerState,
+    SessionState, lifecycle,
 )
 
 __all__ = [
     "Edge", "IllegalTransition", "Lifecycle", "LifecycleError", "Subject", "UnknownEvent",
-    "CONTROL", "GENERATION", "LIFECYCLES", "POOLING", "SERVER", "SESSION",
-    "ControlState", "GenState", "PoolState", "ServerState", "SessionState", "lifecycle",
+    "CONTROL", "GENERATION", "HEALTH", "LIFECYCLES", "PAUSE_MODES", "PAUSED_MODE", "POOLING",
+    "SCHEDULER", "SERVER", "SESSION", "ControlState", "GenState", "HealthState", "PoolState",
+    "SchedulerState", "ServerState", "SessionState", "lifecycle",
 ]

@@ -1,18 +1,30 @@
-"""The five lifecycles of actorserve, as data.
+"""The lifecycles of actorserve, as data.
 
 Requests do not all walk the generate path. After one shared entry they fork:
 
 * generation  ``queued -> prefill -> decode -> detok -> done`` (health probes too, marked as probes);
 * pooling     ``queued -> forward -> pool -> done`` (embedding, classify, score, cross-encoder rerank);
 * control     ``received -> applied | rejected`` (flush with a timeout may wait for idle first);
-* server      ``starting -> serving <-> paused -> draining -> stopped`` (+ ``unhealthy``);
+
+and the long-lived actors have theirs:
+
+* server      ``starting -> serving <-> paused_{abort,retract,in_place} -> draining -> stopped``;
+* health      ``healthy <-> unhealthy``: the server's second, orthogonal region (the watchdog's
+              verdict), so a server can be unhealthy while paused, draining or serving;
+* scheduler   ``idle -> pending -> [windowing ->] stepping -> ...``, ``pausing`` while a pause waits
+              for the step boundary, ``paused_{abort,retract,in_place}``;
 * session     ``open -> closing -> closed`` (close deferred while a request of it runs).
 
 Every live request state can end in ``aborted`` or ``failed``. Pause ``in_place`` parks a
-running request in ``paused`` with its KV; ``resume`` returns it to ``prefill`` or ``decode``
-depending on whether its prompt is fully computed (the model's ``prefill_complete``). Pause
+running request in ``paused`` with its KV; the scheduler's ``Resumed`` says whether its prompt
+is fully computed, and ``resume_decode`` / ``resume_prefill`` return it there. Pause
 ``retract`` (or KV pressure) frees the KV: ``retracted -> queued``, recomputed later. A
 pooling request caught mid-forward by a retract goes straight back to ``queued``.
+
+A generation request is in ``detok`` from the moment its last token is known (the scheduler saw
+EOS or the length limit, or the output stage found a stop string) until its client has taken
+the final text off its stream; a pooling request is in ``pool`` from the forward's end (the
+pooling head runs) until its client has the result.
 """
 
 from __future__ import annotations
@@ -53,10 +65,36 @@ class ControlState(enum.Enum):
 class ServerState(enum.Enum):
     starting = "starting"
     serving = "serving"
-    paused = "paused"
-    unhealthy = "unhealthy"
+    paused_abort = "paused_abort"
+    paused_retract = "paused_retract"
+    paused_in_place = "paused_in_place"
     draining = "draining"
     stopped = "stopped"
+
+
+class HealthState(enum.Enum):
+    healthy = "healthy"
+    unhealthy = "unhealthy"
+
+
+class SchedulerState(enum.Enum):
+    idle = "idle"
+    pending = "pending"
+    windowing = "windowing"
+    stepping = "stepping"
+    pausing = "pausing"
+    paused_abort = "paused_abort"
+    paused_retract = "paused_retract"
+    paused_in_place = "paused_in_place"
+    stopped = "stopped"
+
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+#: the pause mode a paused state stands for (server and scheduler alike)
+PAUSED_MODE: dict[enum.Enum, str] = {
+    **{ServerState[f"paused_{m}"]: m for m in PAUSE_MODES},
+    **{SchedulerState[f"paused_{m}"]: m for m in PAUSE_MODES},
+}
 
 
 class SessionState(enum.Enum):
@@ -80,8 +118,8 @@ GENERATION = Lifecycle(
         Edge("finish", (G.decode,), G.detok),
         Edge("deliver", (G.detok,), G.done),
         Edge("pause", (G.prefill, G.decode), G.paused),
-        Edge("resume", (G.paused,), G.decode, condition="prefill_complete"),
-        Edge("resume", (G.paused,), G.prefill),
+        Edge("resume_decode", (G.paused,), G.decode),
+        Edge("resume_prefill", (G.paused,), G.prefill),
         Edge("retract", (G.prefill, G.decode, G.paused), G.retracted),
         Edge("requeue", (G.retracted,), G.queued),
         Edge("abort", _G_LIVE, G.aborted),
@@ -126,6 +164,7 @@ CONTROL = Lifecycle(
 )
 
 S = ServerState
+_S_PAUSED = (S.paused_abort, S.paused_retract, S.paused_in_place)
 
 SERVER = Lifecycle(
     name="server",
@@ -134,14 +173,58 @@ SERVER = Lifecycle(
     terminal=frozenset({S.stopped}),
     edges=(
         Edge("ready", (S.starting,), S.serving),
-        Edge("pause", (S.serving,), S.paused),
-        Edge("resume", (S.paused,), S.serving),
-        Edge("stall", (S.serving, S.paused), S.unhealthy),
-        Edge("recover", (S.unhealthy,), S.serving),
-        Edge("drain", (S.starting, S.serving, S.paused, S.unhealthy), S.draining),
+        Edge("pause_abort", (S.serving,), S.paused_abort),
+        Edge("pause_retract", (S.serving,), S.paused_retract),
+        Edge("pause_in_place", (S.serving,), S.paused_in_place),
+        Edge("resume", _S_PAUSED, S.serving),
+        Edge("drain", (S.starting, S.serving, *_S_PAUSED), S.draining),
         Edge("stop", (S.starting, S.draining), S.stopped),
     ),
-    doc="The whole server: paused carries its mode (abort, retract, in_place).",
+    doc="The whole server's run phase; its health is the orthogonal `health` lifecycle.",
+)
+
+H = HealthState
+
+HEALTH = Lifecycle(
+    name="health",
+    states=HealthState,
+    initial=H.healthy,
+    terminal=frozenset(),
+    edges=(
+        Edge("stall", (H.healthy,), H.unhealthy),
+        Edge("recover", (H.unhealthy,), H.healthy),
+    ),
+    doc="The server's health region, orthogonal to its run phase: the watchdog's verdict.",
+)
+
+K = SchedulerState
+_K_PAUSED = (K.paused_abort, K.paused_retract, K.paused_in_place)
+_K_OPEN = (K.idle, K.pending, K.windowing)     # no step in flight, not paused
+
+SCHEDULER = Lifecycle(
+    name="scheduler",
+    states=SchedulerState,
+    initial=K.idle,
+    terminal=frozenset({K.stopped}),
+    edges=(
+        Edge("admit", (K.idle,), K.pending),
+        Edge("empty", (K.pending, K.windowing), K.idle),
+        Edge("window", (K.pending,), K.windowing),
+        Edge("window_closed", (K.windowing,), K.pending),
+        Edge("step", (K.pending,), K.stepping),
+        Edge("step_done", (K.stepping, K.pausing), K.pending, condition="has_work"),
+        Edge("step_done", (K.stepping, K.pausing), K.idle),
+        Edge("defer_pause", (K.stepping,), K.pausing),
+        Edge("cancel_pause", (K.pausing,), K.stepping),
+        Edge("pause_abort", _K_OPEN, K.paused_abort),
+        Edge("pause_retract", _K_OPEN, K.paused_retract),
+        Edge("pause_in_place", _K_OPEN, K.paused_in_place),
+        Edge("resume", _K_PAUSED, K.pending, condition="has_work"),
+        Edge("resume", _K_PAUSED, K.idle),
+        Edge("stop", tuple(s for s in K if s is not K.stopped), K.stopped),
+    ),
+    doc="A scheduler actor: stepping spans a model step and its output stage; a pause that "
+        "arrives mid-step waits in pausing for the step boundary.",
 )
 
 SS = SessionState
@@ -160,7 +243,7 @@ SESSION = Lifecycle(
 )
 
 LIFECYCLES: dict[str, Lifecycle] = {
-    lc.name: lc for lc in (GENERATION, POOLING, CONTROL, SERVER, SESSION)
+    lc.name: lc for lc in (GENERATION, POOLING, CONTROL, SERVER, HEALTH, SCHEDULER, SESSION)
 }
 
 

@@ -1,0 +1,134 @@
+"""The output stage: where a step's tokens become text and a request's finish is decided.
+
+SGLang splits its server into a tokenizer manager, a scheduler and a detokenizer manager; this
+actor is the third. After every model step the scheduler sends it one batched `StepOutputs`
+(asked, not told) and plans nothing until the answer is back, so:
+
+* each member's token is detokenized here (an `IncrementalDetokenizer` per request, kept from
+  `Track` to the request's end), and its stable text delta goes to the request actor in a
+  `TokenOut`;
+* stop strings are recognised here; a request that hit one finishes with ``stop`` and its rid is
+  in the answer (`OutputsDone.stopped`), so the scheduler frees its KV *before* it plans the next
+  step: no forward is spent on a request that has already ended;
+* the scheduler's own verdicts (EOS, the length limit) pass through on the item, and the
+  request's last `TokenOut` carries the whole remaining text (what the detokenizer held back).
+
+A generation request's `Aborted` / `Failed` also come through here (the scheduler sends them to
+the stage, not to the actor): they are ordered after any `TokenOut` of the same request, and they
+carry the text the detokenizer still held, so a client that is cut off keeps its partial text.
+
+This is also where grammar-constrained sampling state and tool-call parsers will live: they
+advance per token, next to the detokenizer, and may end a request the same way a stop string does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..messages import Aborted, Failed, Forget, OutputsDone, StepOutputs, TokenOut, Track
+from .actor import Actor, handles
+
+
+class _Tracked:
+    __slots__ = ("actor", "detok")
+
+    def __init__(self, actor: Actor, detok: Any) -> None:
+        self.actor = actor
+        self.detok = detok
+
+
+class OutputStage(Actor):
+    mailbox_capacity = 1 << 16
+
+    def __init__(self, *, name: str = "output") -> None:
+        super().__init__(name)
+        self.tracked: dict[str, _Tracked] = {}
+        self.tokens = 0                  # tokens detokenized (for the stats)
+        self.stop_strings = 0            # requests this stage finished on a stop string
+
+    @handles(Track)
+    def _track(self, msg: Track) -> None:
+        self.tracked[msg.rid] = _Tracked(msg.actor, msg.detokenizer)
+
+    @handles(Forget)
+    def _forget(self, msg: Forget) -> None:
+        self.tracked.pop(msg.rid, None)
+
+    @handles(StepOutputs)
+    def _step(self, msg: StepOutputs) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Answers (rids finished on a stop string, rids whose output failed here). A
+        detokenizer that raises fails its own request only; the others go on."""
+        stopped: list[str] = []
+        failed: list[str] = []
+        rec = self.system.recorder if self.system is not None else None
+        tracked = self.tracked
+        for item in msg.items:
+            t = tracked.get(item.rid)
+            if t is None:
+                continue           # aborted or released while its step ran
+            try:
+                text, finish = self._detokenize(t, item, rec)
+            except Exception as exc:
+                del tracked[item.rid]
+                failed.append(item.rid)
+                if t.actor.alive:
+                    t.actor.tell(Failed(item.rid, f"output stage failed on its token: "
+                                                  f"{type(exc).__name__}: {exc}"))
+                continue
+            if finish is not None:
+                del tracked[item.rid]
+                if item.finish_reason is None:
+                    stopped.append(item.rid)
+            if t.actor.alive:
+                t.actor.tell(TokenOut(item.rid, item.token_id, item.logprob, item.top_logprobs,
+                                      finish, text))
+        return tuple(stopped), tuple(failed)
+
+    def _detokenize(self, t: _Tracked, item: Any, rec: Any) -> tuple[str, str | None]:
+        detok = t.detok
+        finish = item.finish_reason
+        self.tokens += 1
+        if detok is None:
+            return "", finish
+        text = detok.add((item.token_id,))
+        if finish is None and detok.stopped:
+            finish = "stop"
+            self.stop_strings += 1
+            if rec is not None:    # the detokenizer's verdict: re-execution plays it back
+                rec.note("detok", "stop_string", rid=item.rid)
+        if finish is not None:
+            text += detok.finish()
+        return text, finish
+
+    def _ending(self, msg: Aborted | Failed) -> None:
+        t = self.tracked.pop(msg.rid, None)
+        if t is None:
+            return                 # never tracked, or ended already: the actor knows
+        tail = t.detok.finish() if t.detok is not None else ""
+        if t.actor.alive:
+            if isinstance(msg, Aborted):
+                t.actor.tell(Aborted(msg.rid, msg.reason, tail))
+            else:
+                t.actor.tell(Failed(msg.rid, msg.error, tail))
+
+    @handles(Aborted)
+    def _aborted(self, msg: Aborted) -> None:
+        self._ending(msg)
+
+    @handles(Failed)
+    def _failed(self, msg: Failed) -> None:
+        self._ending(msg)
+
+    def on_stop(self) -> None:
+        for rid, t in list(self.tracked.items()):
+            if t.actor.alive:
+                t.actor.tell(Aborted(rid, "server shutting down"))
+        self.tracked.clear()
+
+
+def outputs_done(step: int):  # type: ignore[no-untyped-def]
+    """How the scheduler wraps the stage's answer (a pipe's `wrap`)."""
+    def wrap(res: Any, err: BaseException | None) -> OutputsDone:
+        stopped, failed = res if res is not None else ((), ())
+        return OutputsDone(step, stopped, failed, err)
+    return wrap
