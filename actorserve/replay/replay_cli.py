@@ -17,7 +17,7 @@ import sys
 from ..statemachines import LIFECYCLES
 from .check import check
 from .recorder import read_all_parts, read_recording
-from .stats import latency_report
+from .stats import latency_report, wasted_forwards_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  abort latency: n={a['n']} p50={a['p50_ms']} ms p99={a['p99_ms']} ms max={a['max_ms']} ms")
         for state, st in lat["time_in_state"].items():  # type: ignore[union-attr]
             print(f"  time in {state:<22} n={st['n']:<6} p50={st['p50_ms']:>9} ms  p99={st['p99_ms']:>9} ms")
+        print(wasted_forwards_line(lat["wasted_forwards"]))  # type: ignore[arg-type]
         if report.ok:
             print("no violations")
         else:

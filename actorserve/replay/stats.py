@@ -1,19 +1,30 @@
-"""Latency figures from a recording: abort latency and time spent in each state.
+"""Latency figures from a recording: abort latency, time spent in each state, wasted forwards.
 
 Abort latency of a request is the time from the abort that reached it — the nearest earlier
 `AbortRequest`/`Abort` message naming it (or naming no rid: abort_all, prefix) or a
 `PauseGeneration` — to its `aborted` transition, i.e. the moment its stream was closed.
 Time in state is measured between consecutive transitions of the same request.
+
+A wasted forward is a model step that computed a request already finished. For each generation
+request that ended ``done``: k is the step (per scheduler) of the last ``step_end`` input that
+gave it a token before its ``finish`` transition (into ``detok``); every ``step`` event of that
+scheduler with a step id above k whose batch holds the request is wasted. The step is counted
+even when it was planned before the finish transition was recorded: that is exactly the waste
+(the scheduler planned the next step before the request actor had seen its last token). The
+finish cause is ``stop_string`` (the detokenizer's ``stop_string`` event), ``eos`` (the last
+token is an EOS or a stop token id), ``length`` (``max_new_tokens`` reached) or ``other``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from typing import Any, Iterable
 
+from ..engine.params import SamplingParams
 from .recorder import Event
 
 ABORTERS = ("AbortRequest", "Abort", "PauseGeneration")
+DEFAULT_MAX_NEW = SamplingParams().max_new_tokens
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -60,7 +71,101 @@ def time_in_state_ms(events: Iterable[Event]) -> dict[str, dict[str, float]]:
     return {k: _summary(v) for k, v in sorted(spans.items())}
 
 
+class _Life:
+    """One incarnation of a generation request (from its ``create`` to the next one)."""
+
+    __slots__ = ("steps", "last", "tokens", "finished", "stop_string", "done", "max_new", "stop_ids")
+
+    def __init__(self, params: dict[str, Any], eos: tuple[int, ...]) -> None:
+        self.steps: list[tuple[str, int, int]] = []   # (sched, step id, n tokens) it was in
+        self.last: tuple[str, int, int | None] | None = None  # (sched, step, token) of its last token
+        self.tokens = 0
+        self.finished = False
+        self.stop_string = False
+        self.done = False
+        self.max_new = int(params.get("max_new_tokens", DEFAULT_MAX_NEW))
+        self.stop_ids = set(params.get("stop_token_ids") or ())
+        if not params.get("ignore_eos"):
+            self.stop_ids.update(eos)
+
+    def cause(self) -> str:
+        if self.stop_string:
+            return "stop_string"
+        if self.last is not None and self.last[2] in self.stop_ids:
+            return "eos"
+        return "length" if self.tokens >= self.max_new else "other"
+
+    def wasted(self) -> tuple[int, int]:
+        """(steps, tokens) computed for it after the step that gave its last token."""
+        if self.last is None:
+            return 0, 0
+        sched, k, _ = self.last
+        after = [n for s, step, n in self.steps if s == sched and step > k]
+        return len(after), sum(after)
+
+
+def wasted_forwards(events: Iterable[Event]) -> dict[str, Any]:
+    """Model steps spent on generation requests that had already finished (module docstring)."""
+    eos: tuple[int, ...] = ()
+    params: dict[str, dict[str, Any]] = {}
+    live: dict[str, _Life] = {}
+    lives: list[_Life] = []
+    for e in events:
+        if e.kind == "input":
+            d = e.data or {}
+            if e.event == "runtime":
+                eos = tuple(((d.get("generation") or {}).get("engine") or {}).get("eos_token_ids") or ())
+            elif e.event == "generate" and e.rid is not None:
+                params[e.rid] = d
+            elif e.event == "step_end":
+                for rid, tok in d.get("out") or ():
+                    life = live.get(rid)
+                    if life is not None and not life.finished and isinstance(tok, int) and not isinstance(tok, bool):
+                        life.last = (d.get("sched", "scheduler"), int(d.get("step", 0)), tok)
+                        life.tokens += 1
+        elif e.kind == "step":
+            d = e.data or {}
+            for rid, n in d.get("batch") or ():
+                life = live.get(rid)
+                if life is not None:
+                    life.steps.append((d.get("sched", "scheduler"), int(d.get("step", 0)), int(n)))
+        elif e.kind == "detok" and e.event == "stop_string" and e.rid in live:
+            live[e.rid].stop_string = True
+        elif e.kind == "generation" and e.rid is not None and e.ok:
+            if e.event == "create":
+                live[e.rid] = _Life(params.pop(e.rid, {}), eos)
+                lives.append(live[e.rid])
+            elif e.rid in live:
+                if e.dst == "detok":
+                    live[e.rid].finished = True
+                elif e.dst == "done":
+                    live[e.rid].done = True
+    by_cause: dict[str, dict[str, int]] = {}
+    total = tokens = with_waste = 0
+    for life in lives:
+        if not (life.done and life.finished):
+            continue
+        w, n = life.wasted()
+        c = by_cause.setdefault(life.cause(), {"requests": 0, "wasted": 0, "with_waste": 0})
+        c["requests"] += 1
+        c["wasted"] += w
+        c["with_waste"] += w > 0
+        total += w
+        tokens += n
+        with_waste += w > 0
+    return {"requests": sum(c["requests"] for c in by_cause.values()), "total": total,
+            "tokens": tokens, "requests_with_waste": with_waste, "by_cause": dict(sorted(by_cause.items()))}
+
+
+def wasted_forwards_line(w: dict[str, Any]) -> str:
+    """The text summary's line for `wasted_forwards`."""
+    causes = ", ".join(f"{k} {c['wasted']}/{c['requests']}" for k, c in w["by_cause"].items())
+    return (f"  wasted forwards: {w['total']} in {w['requests_with_waste']} of {w['requests']} done "
+            f"generation requests" + (f" (by finish cause, wasted/requests: {causes})" if causes else ""))
+
+
 def latency_report(events: list[Event]) -> dict[str, object]:
     aborts = abort_latencies_ms(events)
     return {"abort_latency": _summary(aborts) if aborts else None,
-            "time_in_state": time_in_state_ms(events)}
+            "time_in_state": time_in_state_ms(events),
+            "wasted_forwards": wasted_forwards(events)}
