@@ -125,12 +125,13 @@ async def test_watchdog_makes_health_503_with_a_reason_and_recovers(tiny):
         h = asyncio.ensure_future(http.post("/generate", json={
             "text": "hi", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}))
         for _ in range(400):
-            if rt.server_state == "unhealthy":
+            if rt.snapshot().health == "unhealthy":
                 break
             await asyncio.sleep(0.01)
-        assert rt.server_state == "unhealthy"
+        assert rt.snapshot().health == "unhealthy"
         info = await (await http.get("/server_info")).json()
-        assert info["server_state"] == "unhealthy" and "no scheduler step" in info["server_reason"]
+        assert info["server_state"] == "serving" and info["health"] == "unhealthy"
+        assert "no scheduler step" in info["health_reason"]
         assert info["watchdog"]["stalled"] is True
         for path in ("/health", "/health_generate"):
             r = await http.get(path)
@@ -138,10 +139,10 @@ async def test_watchdog_makes_health_503_with_a_reason_and_recovers(tiny):
         stall.release()
         assert (await h).status == 200
         for _ in range(400):
-            if rt.server_state == "serving":
+            if rt.snapshot().health == "healthy":
                 break
             await asyncio.sleep(0.01)
-        assert rt.server_state == "serving"
+        assert rt.snapshot().health == "healthy" and rt.server_state == "serving"
         assert (await http.get("/health_generate")).status == 200
         await settle(rt)
 

@@ -70,7 +70,10 @@ async def test_a_live_server_recording_reexecutes_step_for_step(tiny, tmp_path, 
     _, events = read_recording(path)
     assert check(events).ok
     inputs = Counter(e.event for e in events if e.kind == "input")
-    assert {"generate", "pool", "abort", "control", "session", "step_end", "health_done"} <= set(inputs), inputs
+    assert {"generate", "pool", "delivered", "control", "session", "step_end", "health_done"} <= set(inputs), inputs
+    aborts = [e.data["args"]["reason"] for e in events if e.kind == "input" and e.event == "control"
+              and e.data["op"] == "AbortRequest"]
+    assert "client went away" in aborts, aborts    # the walk-away is a recorded control request
     report = await reexecute(events)
     assert report.ok, report.format()
     assert report.drift == 0 and report.fillers == 0

@@ -104,6 +104,11 @@ class TextTokenizer:
         kwargs.setdefault("special_ids", self.special_ids)
         return IncrementalDetokenizer(self.hf, **kwargs)
 
+    def detokenizer_for(self, sp: Any) -> IncrementalDetokenizer:
+        """The detokenizer a request with sampling parameters `sp` needs (the runtime's factory:
+        stop strings and special-token skipping come from the request)."""
+        return self.new_detokenizer(stop=sp.stop, skip_special_tokens=sp.skip_special_tokens)
+
     # ------------------------------------------------------------ chat template
 
     @staticmethod

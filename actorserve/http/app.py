@@ -58,6 +58,8 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
     ctx = ServerContext(runtime=runtime, tokenizer=tokenizer, config=config, served_name=served_name,
                         created=int(time.time()))
     ctx.metrics = Metrics(runtime.stats, runtime.snapshot, runtime.pool_stats)
+    if runtime.new_detokenizer is None and tokenizer is not None:   # the output stage detokenizes
+        runtime.new_detokenizer = tokenizer.detokenizer_for
     app[CTX] = ctx
     ctx.extra["pooling"] = dict(pool_models or {})
     app.router.add_routes(pooling_routes.ROUTES)

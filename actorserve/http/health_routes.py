@@ -62,7 +62,7 @@ async def probe(ctx: ServerContext, timeout: float) -> tuple[bool, str, float]:
     try:
         out = await asyncio.wait_for(asyncio.shield(_final(handle)), timeout)
     except asyncio.TimeoutError:
-        rt.abort(handle.rid, reason="health probe timed out")
+        await rt.abort(handle.rid, reason="health probe timed out")
         return False, f"the probe did not complete within {timeout:g}s", time.perf_counter() - t0
     except asyncio.CancelledError:
         rt.abort(handle.rid, reason="health check cancelled")

@@ -83,8 +83,7 @@ def build_runtime(config: ServerConfig) -> Built:
     pool = load_pool_models(mc)
     runtime = Runtime(engine, config=config.scheduler, recorder=recorder,
                       pooling_engines={k: pm.engine for k, pm in pool.items()},
-                      detokenizer=lambda sp: tokenizer.new_detokenizer(
-                          stop=sp.stop, skip_special_tokens=sp.skip_special_tokens))
+                      detokenizer=tokenizer.detokenizer_for)
     return Built(runtime, tokenizer, name, str(path), pool)
 
 
