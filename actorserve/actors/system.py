@@ -1,7 +1,8 @@
 """`ActorSystem`: spawns, schedules, supervises and stops actors; knows when all is quiet.
 
-Scheduling: an actor with mail gets one turn via `loop.call_soon`; a turn that leaves mail
-behind schedules another, so actors share the loop fairly.
+Scheduling: an actor with mail joins the run queue; the queue is run in FIFO order, up to
+`turns_per_callback` turns per event-loop callback; a turn that leaves mail behind queues
+another, so actors share the loop fairly, and the loop's other callbacks run between batches.
 
 Quiescence is exact, not slept: the system counts actors that have a turn pending plus
 off-loop operations it started (`run_in_thread`, `run_inline`). `quiesce()` returns when that
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from collections import deque
 from typing import Any, Callable, TypeVar
 
 from .actor import Actor, ActorDeadError, Phase
@@ -36,6 +38,7 @@ A = TypeVar("A", bound=Actor)
 
 
 class ActorSystem:
+    turns_per_callback = 64
     def __init__(self, *, clock: Clock | None = None, recorder: Any = None,
                  executor: concurrent.futures.Executor | None = None,
                  on_failure: Callable[[Actor, Any, BaseException], None] | None = None) -> None:
@@ -53,6 +56,8 @@ class ActorSystem:
         # How a turn is scheduled: None = `loop.call_soon`; re-execution puts its run queue here.
         self.dispatch: Callable[[Callable[[Actor], None], Actor], None] | None = None
         self._links: dict[asyncio.Future[Any], list[Callable[[asyncio.Future[Any]], None]]] = {}
+        self._ready: deque[Actor] = deque()      # actors whose turn is due, in order
+        self._draining = False                   # a `_run_ready` callback is scheduled
 
     # -- spawning ------------------------------------------------------------------------------
     @property
@@ -85,14 +90,37 @@ class ActorSystem:
     # -- scheduling ----------------------------------------------------------------------------
     def _schedule(self, actor: Actor) -> None:
         self._inc()
-        (self.dispatch or self.loop.call_soon)(self._run_turn, actor)
+        self._enqueue_turn(actor)
+
+    def _enqueue_turn(self, actor: Actor) -> None:
+        if self.dispatch is not None:
+            self.dispatch(self._run_turn, actor)
+            return
+        self._ready.append(actor)
+        if not self._draining:
+            self._draining = True
+            self.loop.call_soon(self._run_ready)
+
+    def _run_ready(self) -> None:
+        """Run queued turns in FIFO order, as many as `turns_per_callback`, in one event-loop
+        callback (one `call_soon` per turn cost more than a small actor's turn itself); then
+        yield to the loop's other callbacks (client tasks, replies from worker threads)."""
+        ready = self._ready
+        for _ in range(self.turns_per_callback):
+            if not ready:
+                break
+            self._run_turn(ready.popleft())
+        if ready:
+            self.loop.call_soon(self._run_ready)
+        else:
+            self._draining = False
 
     def _run_turn(self, actor: Actor) -> None:
         try:
             if actor.phase is Phase.running:
                 actor._turn()
             if actor.phase is Phase.running and len(actor.mailbox):
-                (self.dispatch or self.loop.call_soon)(self._run_turn, actor)
+                self._enqueue_turn(actor)
                 return  # still busy: keep the count
             actor._turn_pending = False
             if actor.phase is Phase.running:

@@ -79,6 +79,11 @@ class IncrementalDetokenizer:
         special_ids: frozenset[int] | None = None,
     ) -> None:
         self._hf = getattr(tokenizer, "hf", tokenizer)
+        # A fast (Rust) tokenizer decodes with its backend: `hf.decode(ids, clean_up=False)` is
+        # exactly `backend.decode(ids, skip_special_tokens=...)` plus argument conversion that
+        # cost 3/4 of the time per token here. Anything else goes through `hf.decode`.
+        backend = getattr(self._hf, "_tokenizer", None) if getattr(self._hf, "is_fast", False) else None
+        self._backend = backend if hasattr(backend, "decode") else None
         self.skip_special_tokens = skip_special_tokens
         self.stop: tuple[str, ...] = tuple(s for s in stop if s)
         self.include_stop = include_stop
@@ -141,6 +146,8 @@ class IncrementalDetokenizer:
     # --------------------------------------------------------------- internals
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend is not None:   # what a fast tokenizer's decode calls, minus ~25 us of wrapping
+            return self._backend.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self._hf.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                clean_up_tokenization_spaces=False)
 
