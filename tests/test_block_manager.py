@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
@@ -85,7 +86,7 @@ TestBlockManager = BlockManagerModel.TestCase
 TestBlockManager.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)
 
 
-def test_prefix_hit_reuses_blocks_and_lru_evicts_oldest():
+def test_prefix_hit_reuses_blocks():
     bm = BlockManager(4, 2)
     a = Sequence("a", [1, 2, 3, 4, 5])
     bm.match_prefix(a)
@@ -96,11 +97,63 @@ def test_prefix_hit_reuses_blocks_and_lru_evicts_oldest():
     bm.free(a)
     b = Sequence("b", [1, 2, 3, 4, 9])
     assert bm.match_prefix(b) == 4 and b.block_table == shared
-    assert bm.stats().hit_rate > 0
+    assert bm.stats().hit_rate == 4 / 10                      # 4 of the 5 + 5 queried tokens
     bm.free(b)
-    c = Sequence("c", [7, 7, 7, 7, 7, 7, 7])   # needs all 4 blocks: evicts the cached ones
-    bm.match_prefix(c)
-    assert bm.allocate(c, 7)
-    d = Sequence("d", [1, 2, 3, 4, 9])
-    bm.free(c)
-    assert bm.match_prefix(d) == 0
+
+
+def _cache_prefixes(bm: BlockManager, n: int) -> None:
+    """Cache the one-block prefixes ``[p, p]`` for p = 1..n, each by a request that ends."""
+    for p in range(1, n + 1):
+        seq = Sequence(f"make{p}", [p, p, 0])                 # one full block and a partial one
+        assert bm.match_prefix(seq) == 0 and bm.allocate(seq, 3)
+        seq.num_computed = 3
+        bm.commit(seq)
+        bm.free(seq)
+
+
+def _touch(bm: BlockManager, p: int) -> None:
+    seq = Sequence(f"touch{p}", [p, p, 0])
+    assert bm.match_prefix(seq) == 2                          # a hit: block in use again...
+    bm.free(seq)                                              # ...and back, most recently used
+
+
+@pytest.mark.parametrize("evictions", [1, 2, 3, 4])
+def test_lru_evicts_least_recently_used(evictions):
+    # Prefixes 1..5 are cached in that order, then used again in the order 2, 4, 1, 5, so
+    # least-recently-used first the order is 3, 2, 4, 1, 5. FIFO (by caching order) would
+    # evict 1 first, MRU 5, and a random or LIFO policy would keep the wrong set.
+    bm = BlockManager(2 * 5 + 3, 2)
+    _cache_prefixes(bm, 5)
+    for p in (2, 4, 1, 5):
+        _touch(bm, p)
+    st_ = bm.stats()
+    assert (st_.cached_free_blocks, st_.free_blocks) == (5, 8)
+    # A new request that needs every plain free block and `evictions` cached ones.
+    big = Sequence("big", [99] * (2 * (st_.free_blocks + evictions)))
+    assert bm.match_prefix(big) == 0 and bm.allocate(big, big.num_tokens)
+    assert bm.stats().cached_free_blocks == 5 - evictions
+    survivors = {p for p in range(1, 6) if _cached(bm, p)}
+    assert survivors == set([3, 2, 4, 1, 5][evictions:])
+    bm.check()
+
+
+def _cached(bm: BlockManager, p: int) -> bool:
+    seq = Sequence(f"probe{p}", [p, p, 0])
+    hit = bm.match_prefix(seq) == 2
+    bm.free(seq)
+    return hit
+
+
+def test_a_held_cached_block_is_never_evicted():
+    bm = BlockManager(2 * 2, 2)
+    _cache_prefixes(bm, 2)                                    # 1 is now least recently used
+    holder = Sequence("holder", [1, 1, 0])
+    assert bm.match_prefix(holder) == 2                       # ...but in use again
+    big = Sequence("big", [99] * 6)                          # 2 free + 1 eviction: must take 2's block
+    assert bm.match_prefix(big) == 0 and bm.allocate(big, 6)
+    assert holder.block_table[0] not in big.block_table
+    assert not bm.allocate(Sequence("more", [98, 98]), 2)     # nothing left to evict
+    bm.free(big)
+    bm.free(holder)
+    assert _cached(bm, 1) and not _cached(bm, 2)
+    bm.check()
