@@ -12,14 +12,18 @@ export OMP_WAIT_POLICY := PASSIVE
 
 setup: $(STAMP) browser
 
-# Headless Chromium (Debian's package) renders the SVG diagrams and HTML timelines in tests.
-# Best effort: without root or apt the browser tests skip, everything else still runs.
+# Debian packages the pictures use, best effort: headless Chromium renders the SVG diagrams
+# and HTML timelines in tests; Graphviz (dot) lays out the exported SVG diagrams. Without root
+# or apt the browser tests skip and `actorserve diagram` falls back to its built-in layout.
+BROWSER_PKGS := chromium:chromium dot:graphviz
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
+	@missing=""; for p in $(BROWSER_PKGS); do \
+	  command -v $${p%%:*} >/dev/null 2>&1 || missing="$$missing $${p#*:}"; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-	      || echo "note: could not install chromium; browser tests will skip"; \
-	  else echo "note: chromium missing and not root; browser tests will skip"; fi; }
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || echo "note: could not install$$missing; browser tests skip, diagrams use the built-in layout"; \
+	  else echo "note:$$missing missing and not root; browser tests skip, diagrams use the built-in layout"; fi; fi
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
