@@ -43,8 +43,21 @@ async def test_generate_single_batch_ids_stream(tiny):
         assert by_ids["output_ids"] == one["output_ids"]
         many = await (await http.post("/generate", json={"input_ids": [ids, ids], "sampling_params": SP})).json()
         assert [m["output_ids"] for m in many] == [one["output_ids"]] * 2
-        text = (await (await http.post("/detokenize", json={"tokens": one["output_ids"]})).json())["text"]
-        assert isinstance(text, str)
+        assert ids == [1, 22172]                                # BOS, "▁hello" in the tiny vocabulary
+        sentence = "one two three, hello world"
+        known = [1, 697, 1023, 2211, 29892, 22172, 3186]
+        assert (await (await http.post("/tokenize", json={"text": sentence})).json())["tokens"] == known
+
+        async def detok(tokens, **kw):
+            r = await http.post("/detokenize", json={"tokens": tokens, **kw})
+            assert r.status == 200, await r.text()
+            return (await r.json())["text"]
+
+        assert await detok(known) == "<s> " + sentence           # special tokens kept by default
+        assert await detok(known, skip_special_tokens=True) == sentence
+        assert await detok(known[1:4]) == "one two three"
+        # the generated ids decode to exactly the text /generate returned
+        assert await detok(one["output_ids"], skip_special_tokens=True) == one["text"]
         resp = await http.post("/generate", json={"text": "hello", "sampling_params": SP, "stream": True})
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         events = sse_events(await resp.text())
@@ -100,9 +113,13 @@ async def test_client_disconnect_aborts_and_frees_kv(tiny):
             resp.close()   # the client goes away mid-stream
             await settle(rt, timeout=5)
         # a non-streaming client that gives up also aborts its request
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(http.post("/generate", json={
-                "text": "go", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}), 0.3)
+        gone = asyncio.ensure_future(http.post("/generate", json={
+            "text": "go", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}))
+        while rt.stats().live_requests == 0:                    # running, then the client leaves
+            await asyncio.sleep(0.01)
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
         await settle(rt, timeout=5)
         metrics = await (await http.get("/metrics")).text()
         assert 'finish_reason="abort"' in metrics
@@ -124,8 +141,16 @@ async def test_pause_continue_flush_abort(tiny):
         assert (await http.get("/health")).status == 200
         flush = await http.post("/flush_cache", json={})
         assert flush.status == 400 and "paused" in (await flush.json())["error"]["message"]
-        waiting = asyncio.ensure_future(http.post("/generate", json={"text": "wait", "sampling_params": SP}))
-        await asyncio.sleep(0.2)
+        before = rt.stats()
+        waiting = asyncio.ensure_future(http.post("/generate", json={"text": "wait", "sampling_params": SP,
+                                                                     "rid": "held"}))
+        while rt.request_info("held") is None:                  # until it reaches the runtime
+            await asyncio.sleep(0.01)
+        await rt.quiesce()              # every message handled: what is true now stays true
+        st = rt.stats()
+        assert (st.waiting, st.running, st.live_requests) == (1, 0, 1), st
+        assert (st.steps, st.generated_tokens) == (before.steps, before.generated_tokens)
+        assert rt.request_info("held")["state"] == "queued"
         assert not waiting.done()
         assert (await http.post("/continue_generation")).status == 200
         out = await (await waiting).json()
