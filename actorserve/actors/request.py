@@ -274,7 +274,7 @@ class PoolingActor(RequestActor):
     def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
                  head: Callable[[Any], Any] | None = None, is_probe: bool = False) -> None:
         super().__init__(rid, scheduler=scheduler, prompt_tokens=prompt_tokens, is_probe=is_probe)
-        self.head = head
+        self.head = head          # the request's pooling head (from its PoolingParams)
 
     @handles(PrefillProgress)
     def _progress(self, msg: PrefillProgress) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import uuid
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from typing import Any, Callable
 
 from ..config import SchedulerConfig
 from ..engine.base import Engine
+from ..engine.heads import apply_head
 from ..engine.params import PoolingParams, SamplingParams
 from ..engine.sequence import Sequence
 from ..messages import (
@@ -252,9 +254,9 @@ class Runtime:
         return self.sessions.ask(message)
 
     def pool(self, prompt_ids: list[int], pooling: PoolingParams | None = None, *,
-             rid: str | None = None, head: Callable[[Any], Any] | None = None,
-             is_probe: bool = False, target: str | None = None) -> RequestHandle:
-        """A pooling request; ``target`` names a pooling engine, None = the generation engine."""
+             rid: str | None = None, is_probe: bool = False, target: str | None = None) -> RequestHandle:
+        """A pooling request; ``target`` names a pooling engine, None = the generation engine.
+        Its result is what ``pooling.head`` makes of the pooled value (`engine.heads`)."""
         if target is not None and target not in self.pool_schedulers:
             raise KeyError(f"no pooling engine {target!r} is loaded")
         sched = self.scheduler if target is None else self.pool_schedulers[target]
@@ -264,7 +266,7 @@ class Runtime:
         if self.recorder is not None:
             self._request_input("pool", seq, pooling, "target", target)
         actor = PoolingActor(rid, scheduler=sched, prompt_tokens=len(prompt_ids),
-                             head=head, is_probe=is_probe)
+                             head=functools.partial(apply_head, pooling), is_probe=is_probe)
         return self._submit(actor, seq)
 
     def abort(self, rid: str, reason: str = "abort") -> "asyncio.Future[ControlResult]":

@@ -58,6 +58,9 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
 
+HEADS = ("vector", "last", "label_groups")
+
+
 @dataclass(frozen=True, slots=True)
 class PoolingParams:
     """What to compute from the last hidden states of a pooling request."""
@@ -66,9 +69,19 @@ class PoolingParams:
     normalize: bool = True
     dimensions: int | None = None
     label_token_ids: tuple[int, ...] = field(default=())
+    # What the request's pooling head makes of the pooled value (`engine.heads`), as data:
+    # vector (a list of floats), last (the last value as one float), label_groups (for each group
+    # of token ids, the log of their summed probability in a log-softmax row).
+    head: str = "vector"
+    label_groups: tuple[tuple[int, ...], ...] = field(default=())
 
     def __post_init__(self) -> None:
         if self.task not in ("embed", "classify", "score", "rerank"):
             raise ParamError(f"unknown pooling task {self.task!r}")
+        if self.head not in HEADS:
+            raise ParamError(f"unknown pooling head {self.head!r}; use one of {HEADS}")
+        object.__setattr__(self, "label_groups", tuple(tuple(int(t) for t in g) for g in self.label_groups))
+        if self.head == "label_groups" and not all(self.label_groups):
+            raise ParamError("the label_groups head needs non-empty groups of token ids")
         if self.dimensions is not None and self.dimensions < 1:
             raise ParamError(f"dimensions must be >= 1, got {self.dimensions}")

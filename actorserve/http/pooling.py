@@ -19,7 +19,7 @@ import math
 import sys
 from array import array
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..engine.params import PoolingParams
 from ..messages import RequestOutput
@@ -98,19 +98,6 @@ def word_token_ids(ctx: ServerContext, words: list[str]) -> list[int]:
     return found
 
 
-def label_head(groups: list[list[int]]) -> Callable[[Any], list[float]]:
-    """Head over a full-vocabulary log-softmax row: log of the summed probability of each
-    group of token ids (runs in the pooling actor's `pool` state)."""
-    def head(row: Any) -> list[float]:
-        out = []
-        for ids in groups:
-            vals = [float(row[i]) for i in ids]
-            top = max(vals)
-            out.append(top + math.log(sum(math.exp(v - top) for v in vals)))
-        return out
-    return head
-
-
 def softmax(logps: list[float]) -> list[float]:
     top = max(logps)
     ex = [math.exp(v - top) for v in logps]
@@ -127,9 +114,9 @@ class PoolGroup:
         self.timers: dict[str, Any] = {}
         self.finished: set[str] = set()
 
-    def submit(self, ids: list[int], params: PoolingParams, *, target: str | None,
-               head: Callable[[Any], Any] | None = None) -> None:
-        handle = self.ctx.runtime.pool(ids, params, head=head, target=target)
+    def submit(self, ids: list[int], params: PoolingParams, *, target: str | None) -> None:
+        """One pooling request; its head (`params.head`) runs inside the runtime."""
+        handle = self.ctx.runtime.pool(ids, params, target=target)
         self.handles.append(handle)
         if self.ctx.metrics is not None:
             self.timers[handle.rid] = self.ctx.metrics.timer(self.kind)

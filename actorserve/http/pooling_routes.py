@@ -28,7 +28,7 @@ from ..engine.params import ParamError, PoolingParams
 from .errors import APIError
 from .generation import check_accepting
 from .pooling import (
-    DEFAULT_EMBEDDING_ALIAS, PoolGroup, check_ids, label_head, loaded, pack_base64, require,
+    DEFAULT_EMBEDDING_ALIAS, PoolGroup, check_ids, loaded, pack_base64, require,
     softmax, word_token_ids,
 )
 from .schemas import _Body, read_json
@@ -109,7 +109,7 @@ async def _embed(ctx: ServerContext, inputs: list[str | list[int]], dimensions: 
     check_accepting(ctx)
     async with PoolGroup(ctx, "embeddings") as group:
         for one in ids:
-            group.submit(one, params, target="embed", head=lambda v: v.tolist())
+            group.submit(one, params, target="embed")
         vecs = await group.results()
     return vecs, sum(len(x) for x in ids), pm.name
 
@@ -155,12 +155,11 @@ async def _next_token(ctx: ServerContext, prompts: list[list[int]], groups: list
     info = ctx.runtime.engine.info
     for ids in prompts:
         check_ids(ids, info.vocab_size, ctx.capacity - 1)
-    params = PoolingParams(task=task)
-    head = label_head(groups)
+    params = PoolingParams(task=task, head="label_groups", label_groups=tuple(map(tuple, groups)))
     check_accepting(ctx)
     async with PoolGroup(ctx, task) as group:
         for ids in prompts:
-            group.submit(ids, params, target=None, head=head)
+            group.submit(ids, params, target=None)
         return await group.results()
 
 
@@ -210,8 +209,7 @@ async def rerank(request: web.Request) -> web.Response:
         check_accepting(ctx)
         async with PoolGroup(ctx, "rerank") as group:
             for ids in pairs:
-                group.submit(ids, PoolingParams(task="rerank"), target="rerank",
-                             head=lambda p: float(p[-1]))
+                group.submit(ids, PoolingParams(task="rerank", head="last"), target="rerank")
             scores = await group.results()
         name, tokens = cross.name, sum(len(p) for p in pairs)
     else:
@@ -260,8 +258,7 @@ async def classify(request: web.Request) -> web.Response:
         check_accepting(ctx)
         async with PoolGroup(ctx, "classify") as group:
             for one in ids:
-                group.submit(one, PoolingParams(task="classify"), target="classify",
-                             head=lambda p: p.tolist())
+                group.submit(one, PoolingParams(task="classify"), target="classify")
             probs = await group.results()
         labels, name, tokens = list(clf.engine.labels), clf.name, sum(len(x) for x in ids)
     else:
