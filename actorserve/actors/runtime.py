@@ -299,6 +299,11 @@ class Runtime:
         """Stats of each pooling engine's scheduler, by target name."""
         return {key: s.stats() for key, s in self.pool_schedulers.items()}
 
+    @property
+    def engine_info(self) -> Any:
+        """The generation engine's geometry (`EngineInfo`: a frozen dataclass)."""
+        return self.engine.info
+
     def snapshot(self) -> ServerSnapshot:
         return ServerSnapshot(**self.control_actor.snapshot())
 

@@ -46,7 +46,7 @@ def check_accepting(ctx: ServerContext) -> None:
 def check_prompt(ctx: ServerContext, ids: list[int]) -> None:
     if not ids:
         raise APIError(400, "the prompt is empty")
-    vocab = ctx.runtime.engine.info.vocab_size
+    vocab = ctx.runtime.engine_info.vocab_size
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise APIError(400, f"token id {bad} is out of range [0, {vocab})")

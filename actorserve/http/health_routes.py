@@ -51,7 +51,7 @@ async def probe(ctx: ServerContext, timeout: float) -> tuple[bool, str, float]:
     """Run one probe; return (healthy, why, seconds). A generation engine gets a 1-token
     generation probe; an embedding-only engine a pooling probe (the pooling lifecycle)."""
     rt = ctx.runtime
-    info = rt.engine.info
+    info = rt.engine_info
     rid = f"health-probe-{uuid.uuid4().hex}"
     t0 = time.perf_counter()
     if info.kind == "generate":

@@ -115,7 +115,7 @@ async def detokenize(request: web.Request) -> web.Response:
 
 async def model_info(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
-    info = ctx.runtime.engine.info
+    info = ctx.runtime.engine_info
     return web.json_response({
         "model_path": ctx.extra.get("model_path", ctx.served_name), "served_model_name": ctx.served_name,
         "is_generation": info.kind == "generate", "max_model_len": info.max_model_len,

@@ -152,7 +152,7 @@ def _gen_ids(ctx: ServerContext, x: str | list[int], special: bool) -> list[int]
 async def _next_token(ctx: ServerContext, prompts: list[list[int]], groups: list[list[int]],
                       task: str) -> list[list[float]]:
     """For each prompt, the log-probability of each group of next tokens (generation model)."""
-    info = ctx.runtime.engine.info
+    info = ctx.runtime.engine_info
     for ids in prompts:
         check_ids(ids, info.vocab_size, ctx.capacity - 1)
     params = PoolingParams(task=task, head="label_groups", label_groups=tuple(map(tuple, groups)))
@@ -172,7 +172,7 @@ async def score(request: web.Request) -> web.Response:
     _count(list(items))
     if not body.label_token_ids:
         raise ParamError("label_token_ids must not be empty")
-    vocab = ctx.runtime.engine.info.vocab_size
+    vocab = ctx.runtime.engine_info.vocab_size
     bad = next((t for t in body.label_token_ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise APIError(400, f"label token id {bad} is out of range [0, {vocab})", param="label_token_ids")

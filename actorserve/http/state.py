@@ -31,7 +31,7 @@ class ServerContext:
     @property
     def capacity(self) -> int:
         """Tokens one sequence may hold (prompt + output)."""
-        info = self.runtime.engine.info
+        info = self.runtime.engine_info
         return min(info.max_model_len, info.num_blocks * info.block_size)
 
     def model_names(self) -> tuple[str, str]:
