@@ -58,14 +58,32 @@ def chat_logprobs(ctx: ServerContext, lps: list[Any] | None) -> dict[str, Any] |
     return {"content": content}
 
 
-def completion_logprobs(ctx: ServerContext, lps: list[Any] | None, offset: int = 0) -> dict[str, Any] | None:
+class TextOffsets:
+    """OpenAI's ``text_offset`` for one choice: where each generated token's text begins in
+    the choice's whole text, the echoed prompt included (``start``). The ids are decoded in
+    context, as the choice's text was, so the offsets index that text even where a token
+    decoded alone differs (SentencePiece drops a leading space, a character spread over
+    byte tokens); a stream keeps one per choice, so each chunk goes on where the last ended."""
+
+    def __init__(self, ctx: ServerContext, start: int, skip_special_tokens: bool) -> None:
+        self._detok = ctx.tokenizer.new_detokenizer(skip_special_tokens=skip_special_tokens)
+        self.at = start
+
+    def take(self, tid: int) -> int:
+        """The offset of token `tid`, the next one of the choice."""
+        at = self.at
+        self.at += len(self._detok.add([tid]))
+        return at
+
+
+def completion_logprobs(ctx: ServerContext, lps: list[Any] | None,
+                        offsets_of: TextOffsets) -> dict[str, Any] | None:
     if lps is None:
         return None
     tokens, token_lps, tops, offsets = [], [], [], []
     for tid, lp, top in lps:
         s = _token_str(ctx, tid)
-        offsets.append(offset)
-        offset += len(s)
+        offsets.append(offsets_of.take(tid))
         tokens.append(s)
         token_lps.append(lp)
         tops.append({_token_str(ctx, t): v for t, v in (top or [])} if top else None)
@@ -167,29 +185,33 @@ async def completions(request: web.Request) -> web.StreamResponse:
             group.submit_n(ids, sp, rid=rid)
         n = params[0].n
         n_prompt = sum(len(p) for p in prompts)
+
+        def offsets_for(i: int) -> TextOffsets:
+            return TextOffsets(ctx, len(echo[i // n]), params[i // n].skip_special_tokens)
+
         if not body.stream:
             outs = await group.collect_all()
             _fail_if_error(outs)
             choices = [{"index": i, "text": echo[i // n] + o.text,
-                        "logprobs": completion_logprobs(ctx, o.logprobs, len(echo[i // n])),
+                        "logprobs": completion_logprobs(ctx, o.logprobs, offsets_for(i)),
                         "finish_reason": o.finish_reason} for i, o in enumerate(outs)]
             return web.json_response({"id": cid, "object": "text_completion", "created": created,
                                       "model": model, "choices": choices,
                                       "usage": _usage(outs, n_prompt)})
         resp = await sse.open_sse(request)
         finals: list[RequestOutput] = []
-        started: set[int] = set()
+        offsets: dict[int, TextOffsets] = {}      # per choice, from its first chunk on
         async with contextlib.aclosing(group.iterate()) as outputs:
             async for job, out in outputs:
                 text = out.text
-                if job.index not in started:
-                    started.add(job.index)
+                if job.index not in offsets:
+                    offsets[job.index] = offsets_for(job.index)
                     text = echo[job.index // n] + text
                 if not text and not out.finished and not out.logprobs:
                     continue
                 c = {"id": cid, "object": "text_completion", "created": created, "model": model,
                      "choices": [{"index": job.index, "text": text,
-                                  "logprobs": completion_logprobs(ctx, out.logprobs),
+                                  "logprobs": completion_logprobs(ctx, out.logprobs, offsets[job.index]),
                                   "finish_reason": out.finish_reason if out.finished else None}]}
                 if body.include_usage:
                     c["usage"] = None
@@ -205,7 +227,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def list_models(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
-    info = ctx.runtime.engine.info
+    info = ctx.runtime.engine_info
     data = [{"id": name, "object": "model", "created": ctx.created, "owned_by": "actorserve",
              "root": ctx.served_name, "max_model_len": info.max_model_len}
             for name in ctx.model_names()]
