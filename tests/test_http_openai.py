@@ -70,7 +70,8 @@ async def test_completions_and_logprobs(tiny):
                                         temperature=0, logprobs=2, extra_body={"ignore_eos": True})
         assert [c.index for c in r.choices] == [0, 1]
         lp = r.choices[0].logprobs
-        assert len(lp.tokens) == 5 and len(lp.token_logprobs) == 5 and len(lp.top_logprobs[0]) >= 1
+        assert len(lp.tokens) == 5 and len(lp.token_logprobs) == 5
+        assert [len(top) for top in lp.top_logprobs] == [2] * 5          # logprobs=2: two per token
         ids = await oa.completions.create(model=NAME, prompt=[5, 6, 7, 8], max_tokens=3,
                                           extra_body={"ignore_eos": True})
         assert ids.usage.prompt_tokens == 4 and ids.usage.completion_tokens == 3
@@ -84,6 +85,33 @@ async def test_completions_and_logprobs(tiny):
         content = chat.choices[0].logprobs.content
         assert len(content) == 3 and len(content[0].top_logprobs) == 2
         await settle(rt)
+
+
+@pytest.mark.parametrize("echo", [False, True])
+async def test_streamed_completion_logprobs_equal_the_whole_answer(tiny, echo):
+    # text_offset is where each token begins in the choice's whole text (after the echoed
+    # prompt when echo is on), in a stream as in one answer; two top logprobs per token.
+    kw = dict(model=NAME, prompt="one two", max_tokens=12, temperature=0, logprobs=2, echo=echo,
+              extra_body={"ignore_eos": True})
+    async with serve(tiny, api_key=KEY) as (http, rt), client_for(http) as oa:
+        whole = (await oa.completions.create(**kw)).choices[0]
+        chunks = [c.choices[0] async for c in await oa.completions.create(stream=True, **kw) if c.choices]
+        await settle(rt)
+    lp = whole.logprobs
+    streamed = [c.logprobs for c in chunks if c.logprobs is not None]
+    assert [t for x in streamed for t in x.tokens] == lp.tokens and len(lp.tokens) == 12
+    assert [o for x in streamed for o in x.text_offset] == lp.text_offset
+    assert [t for x in streamed for t in x.top_logprobs] == lp.top_logprobs
+    assert [len(top) for top in lp.top_logprobs] == [2] * 12
+    assert "".join(c.text for c in chunks) == whole.text
+    start = len("one two") if echo else 0
+    assert whole.text.startswith("one two") == echo and lp.text_offset[0] == start
+    # Each token's stretch of the text is that token: the offsets index the text itself
+    # (a token decoded alone loses its SentencePiece leading space, so lengths of
+    # `tokens` would drift off it).
+    ends = lp.text_offset[1:] + [len(whole.text)]
+    assert [whole.text[a:b].strip() for a, b in zip(lp.text_offset, ends)] == [t.strip() for t in lp.tokens]
+    assert any(whole.text[a] == " " for a in lp.text_offset)      # the case the lengths get wrong
 
 
 async def test_client_errors_are_openai_shaped(tiny):
