@@ -17,6 +17,15 @@ def tiny():
     return load_tiny()
 
 
+async def until(pred, timeout: float = 10.0) -> None:
+    """Wait for something that must happen (never to show that something did not)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        assert loop.time() < end, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
 def sse_events(raw: str) -> list:
     out = []
     for block in raw.split("\n\n"):
@@ -115,8 +124,7 @@ async def test_client_disconnect_aborts_and_frees_kv(tiny):
         # a non-streaming client that gives up also aborts its request
         gone = asyncio.ensure_future(http.post("/generate", json={
             "text": "go", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}))
-        while rt.stats().live_requests == 0:                    # running, then the client leaves
-            await asyncio.sleep(0.01)
+        await until(lambda: rt.stats().live_requests == 1)      # running, then the client leaves
         gone.cancel()
         with pytest.raises(asyncio.CancelledError):
             await gone
@@ -144,8 +152,7 @@ async def test_pause_continue_flush_abort(tiny):
         before = rt.stats()
         waiting = asyncio.ensure_future(http.post("/generate", json={"text": "wait", "sampling_params": SP,
                                                                      "rid": "held"}))
-        while rt.request_info("held") is None:                  # until it reaches the runtime
-            await asyncio.sleep(0.01)
+        await until(lambda: rt.request_info("held") is not None)   # it reached the runtime
         await rt.quiesce()              # every message handled: what is true now stays true
         st = rt.stats()
         assert (st.waiting, st.running, st.live_requests) == (1, 0, 1), st

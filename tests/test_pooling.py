@@ -172,6 +172,19 @@ async def test_cross_encoder_and_classifier_models(tiny, berts):
         assert rt.stats().steps == 0            # nothing went to the generation model
 
 
+async def until(pred, timeout: float = 10.0) -> None:
+    """Wait for something that must happen (never to show that something did not)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        assert loop.time() < end, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def pool_aborts(rt) -> list:
+    return [e for e in rt.recorder.events(kind="pooling") if e.event == "abort"]
+
+
 async def test_abort_reaches_pooling_requests(tiny, minilm):
     import threading
 
@@ -211,7 +224,8 @@ async def test_abort_reaches_pooling_requests(tiny, minilm):
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            await asyncio.sleep(0.2)
+            # The step is still held: the three can only end by the disconnect's aborts.
+            await until(lambda: len(pool_aborts(rt)) >= 2 + 3)
             gate.set()
             await settle(rt)
         finally:
@@ -219,8 +233,9 @@ async def test_abort_reaches_pooling_requests(tiny, minilm):
             minilm.engine.execute = real
         path = [e.event for e in rt.recorder.events(rid="pool-abort", kind="pooling")]
         assert path == ["create", "abort"]
-        aborted = [e for e in rt.recorder.events(kind="pooling") if e.event == "abort"]
-        assert len(aborted) >= 2
+        # pool-abort, the request held inside the step, the three of the client that left
+        assert len(pool_aborts(rt)) == 5 and len({e.rid for e in pool_aborts(rt)}) == 5
+        assert rt.pool_stats()["embed"].live_requests == 0
 
 
 async def test_embeddings_under_generation_load(tiny, minilm):
