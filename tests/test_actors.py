@@ -163,8 +163,10 @@ async def test_quiesce_is_exact_across_thread_work():
 
     sysm.run_in_thread(c, slow, wrap=lambda res, err: Add(res))
     q = asyncio.ensure_future(sysm.quiesce())
-    await asyncio.sleep(0.01)
-    assert not q.done() and sysm.busy == 1    # the thread's result is still owed
+    for _ in range(100):                      # many loop iterations, no wall-clock wait
+        await asyncio.sleep(0)
+    assert sysm.busy == 1                     # the thread's result is still owed: exactly one
+    assert not q.done()                       # so quiesce cannot have returned
     gate.set()
     await asyncio.wait_for(q, 5)
     assert c.total == 41 and sysm.busy == 0

@@ -70,8 +70,9 @@ async def test_pause_then_continue_gives_the_same_greedy_tokens(tiny, mode):
     else:
         assert st.kv_used_blocks > 0
     late = rt.generate(tok.encode("sent while paused"), SamplingParams(temperature=0.0, max_new_tokens=3))
-    await asyncio.sleep(0.05)
-    assert not late.stream.closed                             # waits, is not rejected
+    await rt.quiesce()                                        # paused: nothing can move now
+    assert rt.request_info(late.rid)["state"] == "queued"     # waits, is not rejected
+    assert not late.stream.closed
     assert (await rt.control(ContinueGeneration())).ok
     got = [(await h.stream.final()).token_ids for h in hs]
     assert got == expected

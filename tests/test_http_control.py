@@ -106,7 +106,10 @@ async def test_health_generate_is_503_when_the_model_step_stalls(tiny):
         body = await r.json()
         assert body["status"] == "unavailable" and "did not complete" in body["reason"]
         assert not any(a.is_probe for a in rt.live_actors()), "a timed-out probe is aborted"
-        await asyncio.sleep(0.01)
+        for _ in range(1000):                 # HealthDone reaches the control actor in a turn
+            if not rt.control_actor.open:
+                break
+            await asyncio.sleep(0)
         last = rt.control_actor.history[-1]
         assert last.op == "health_generate" and last.state.name == "rejected"
         assert "did not complete" in last.result.message

@@ -223,16 +223,24 @@ async def test_abort_by_rid_prefix_and_all_and_empty_rid_matches_nothing():
     await rt.shutdown()
 
 
+async def turns_until(pred, turns: int = 1000) -> None:
+    """Let the event loop run callbacks (actor turns) until `pred` holds; bounded in turns, not
+    in time (a step blocked in its thread keeps `quiesce` from returning)."""
+    for _ in range(turns):
+        if pred():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
 async def test_flush_refused_when_busy_waits_with_timeout_and_times_out():
     gate = threading.Event()
     rt, engine, rec, clock = await make_runtime(in_thread=True, fault=lambda b: gate.wait(10))
     h = rt.generate([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=2))
-    await asyncio.sleep(0)
-    busy = await rt.control(FlushCache())
+    busy = await rt.control(FlushCache())          # the scheduler has the request: busy
     assert not busy.ok and "busy" in busy.message
-    waiting = asyncio.ensure_future(rt.control(FlushCache(timeout_s=5)))
-    await asyncio.sleep(0.01)
-    second = await rt.control(FlushCache(timeout_s=5))
+    waiting = rt.control(FlushCache(timeout_s=5))  # in the control actor's mailbox in this order:
+    second = await rt.control(FlushCache(timeout_s=5))   # the first is waiting when this arrives
     assert not second.ok and "already waiting" in second.message
     gate.set()
     assert (await waiting).ok
@@ -246,10 +254,9 @@ async def test_flush_refused_when_busy_waits_with_timeout_and_times_out():
     # time out: the engine stays busy longer than the timeout
     gate.clear()
     h2 = rt.generate([7, 8], SamplingParams(max_new_tokens=1))
-    await asyncio.sleep(0)
-    pending = asyncio.ensure_future(rt.control(FlushCache(timeout_s=2)))
-    await asyncio.sleep(0.01)
-    clock.advance(2.0)
+    pending = rt.control(FlushCache(timeout_s=2))
+    await turns_until(lambda: any(e.event == "wait" for e in rec.events(kind="control")[-3:]))
+    clock.advance(2.0)                             # the timeout's timer is armed: fire it
     res = await pending
     assert not res.ok and "timed out" in res.message
     gate.set()
