@@ -36,9 +36,10 @@ def screenshot(tmp: Path, page: Path, width: int, height: int) -> "Image":
     return Image(png.read_bytes())
 
 
-def dump_dom(tmp: Path, page: Path, width: int, height: int) -> str:
-    """The page's DOM once its scripts have run (same window size as a screenshot)."""
-    r = _run(tmp, ["--dump-dom", f"--window-size={width},{height}"], page.as_uri())
+def dump_dom(tmp: Path, page: Path, width: int, height: int, fragment: str = "") -> str:
+    """The page's DOM once its scripts have run (same window size as a screenshot);
+    `fragment` (``#zoom=4``) is added to the page's URL."""
+    r = _run(tmp, ["--dump-dom", f"--window-size={width},{height}"], page.as_uri() + fragment)
     return r.stdout.decode("utf-8")
 
 

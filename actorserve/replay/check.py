@@ -11,12 +11,23 @@ shows:
                       (the first one per request), or lands in another state.
 
 Kinds that are not request lifecycles (server, session) are checked for legality only.
+
+*Open recordings.* A server writes its recording as it runs, and a clean shutdown leaves its
+mark at the end: the runtime records a ``shutdown`` input, drains and stops the server
+(``server ... -> stopped``) and aborts what is left. A recording made by a server (it holds
+the runtime's inputs or the server's transitions) with neither of those marks is *open*: the
+server is still running, or it died without shutting down. Its requests still live at the end
+are then in flight, not broken: `check(..., allow_open=True)` lists them in
+`Report.in_flight` instead of reporting ``no-terminal``, and checks everything else (the
+requests that ended, every transition) as usual. A closed recording that leaves a request
+live is a real ``no-terminal``. Events with no sign of a server (a hand-made list, an old
+ring buffer) are judged as closed.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..statemachines import LIFECYCLES, LifecycleError, Subject
@@ -33,29 +44,61 @@ class Violation:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A request still live when the recording ends: its state and since when (ns)."""
+
+    kind: str
+    rid: str | None
+    state: str
+    since_ns: int
+
+
 @dataclass(slots=True)
 class Report:
     requests: Counter
     terminal: Counter
     violations: list[Violation]
+    open: bool = False                  # no clean shutdown at the end (see the module doc)
+    in_flight: list[InFlight] = field(default_factory=list)
+    last_ns: int | None = None          # time of the last event
 
     @property
     def ok(self) -> bool:
         return not self.violations
 
 
-class _Track:
-    __slots__ = ("subject", "terminal_seq", "diverged", "accepted", "kind")
+def recording_is_open(events: Iterable[Event]) -> bool:
+    """Whether a server made these events (its inputs or its transitions are in them) and
+    they do not end with a clean shutdown (no ``shutdown`` input, the server never stopped)."""
+    by_server = closed = False
+    for ev in events:
+        if ev.kind == "input" or ev.kind == "server":
+            by_server = True
+        if (ev.kind == "input" and ev.event == "shutdown") or (
+                ev.kind == "server" and ev.ok and ev.dst == "stopped"):
+            closed = True
+    return by_server and not closed
 
-    def __init__(self, subject: Subject, kind: str, accepted: bool) -> None:
+
+class _Track:
+    __slots__ = ("subject", "terminal_seq", "diverged", "accepted", "kind", "since")
+
+    def __init__(self, subject: Subject, kind: str, accepted: bool, since: int) -> None:
         self.subject = subject
         self.kind = kind
         self.accepted = accepted
         self.terminal_seq: int | None = None
         self.diverged = False
+        self.since = since
 
 
-def check(events: Iterable[Event], *, require_terminal: bool = True) -> Report:
+def check(events: Iterable[Event], *, require_terminal: bool = True,
+          allow_open: bool = False) -> Report:
+    """Check the invariants (module docstring). With `allow_open`, an open recording's live
+    requests are reported in flight rather than as ``no-terminal`` violations."""
+    events = list(events)
+    is_open = recording_is_open(events)
     tracks: dict[tuple[str, str | None], _Track] = {}
     viol: list[Violation] = []
     requests: Counter = Counter()
@@ -67,13 +110,13 @@ def check(events: Iterable[Event], *, require_terminal: bool = True) -> Report:
         key = (ev.kind, ev.rid)
         if ev.event == "create":
             init = lc.state_named(ev.dst) if ev.dst else lc.initial
-            tracks[key] = _Track(Subject(init, ev.rid), ev.kind, True)
+            tracks[key] = _Track(Subject(init, ev.rid), ev.kind, True, ev.t_ns)
             requests[ev.kind] += 1
             continue
         tr = tracks.get(key)
         if tr is None:  # the recording starts mid-life (ring buffer) or a singleton (server)
             tr = tracks[key] = _Track(Subject(lc.state_named(ev.src) if ev.src else lc.initial, ev.rid),
-                                      ev.kind, False)
+                                      ev.kind, False, ev.t_ns)
         if not ev.ok:
             viol.append(Violation("illegal", ev.rid, ev.seq, str(ev.error)))
             continue
@@ -83,6 +126,8 @@ def check(events: Iterable[Event], *, require_terminal: bool = True) -> Report:
                                   f"{ev.kind}: {ev.event} after terminal state (seq {tr.terminal_seq})"))
             continue
         subj = tr.subject
+        if ev.dst is not None and ev.dst != ev.src:
+            tr.since = ev.t_ns
         if not tr.diverged:
             if subj.state.name != ev.src:
                 tr.diverged = True
@@ -112,9 +157,12 @@ def check(events: Iterable[Event], *, require_terminal: bool = True) -> Report:
                 terminal[(ev.kind, ev.dst)] += 1
             if tr.diverged:
                 subj.state = dst
-    if require_terminal:
-        for (kind, rid), tr in tracks.items():
-            if tr.accepted and kind in REQUEST_KINDS and tr.terminal_seq is None:
-                viol.append(Violation("no-terminal", rid, -1, f"{kind}: ended in {tr.subject.state.name}"))
+    in_flight = [InFlight(kind, rid, tr.subject.state.name, tr.since)
+                 for (kind, rid), tr in tracks.items()
+                 if tr.accepted and kind in REQUEST_KINDS and tr.terminal_seq is None]
+    if require_terminal and not (is_open and allow_open):
+        for f in in_flight:
+            viol.append(Violation("no-terminal", f.rid, -1, f"{f.kind}: ended in {f.state}"))
     viol.sort(key=lambda v: (v.seq if v.seq >= 0 else 1 << 62))
-    return Report(requests, terminal, viol)
+    return Report(requests, terminal, viol, is_open, in_flight,
+                  events[-1].t_ns if events else None)

@@ -1,32 +1,35 @@
-"""Pictures of a recorded run: a sequence/timeline per run and a state overlay per request.
+"""Pictures of a recorded run: a sequence diagram, a timeline page, a state overlay per request.
 
 * `to_mermaid_sequence(events)` — a Mermaid ``sequenceDiagram``: the scheduler and each request
   are lanes; every step is a note on the scheduler lane listing its batch, every transition an
   arrow from the lane that caused it (the scheduler or the control plane) to the request's lane,
   refused ones drawn as a crossed arrow.
-* `to_html(events)` — one self-contained page (no network): a time axis, one lane per request
-  with a coloured bar per state it was in, the scheduler's steps as ticks on their own lane,
-  and for each request (or the one asked for) its lifecycle diagram with the visited states,
-  counts and the refused edge in red, drawn by `statemachines.diagram.to_svg`.
-* `highlight_for(events, rid)` — the overlay data for one request.
+* `to_html(events)` — one self-contained page (no network, no library): the timeline of
+  `replay.timeline` (actor and request lanes coloured by state, the scheduler's steps, a time
+  axis over the span of activity with long idle gaps collapsed, zoom), a fixed legend of
+  every state's colour, and a picker that shows any request's lifecycle diagram with its
+  visited states, counts and refused edge (`statemachines.diagram.to_svg`).
+* `highlights(events)` / `highlight_for(events, rid)` — the overlay data, for every request in
+  one pass or for one.
 """
 
 from __future__ import annotations
 
 import html
-from collections import Counter, defaultdict
+import json
+from collections import Counter
 from typing import Any, Iterable
 
 from ..statemachines import LIFECYCLES
 from ..statemachines.diagram import to_svg
+from .palette import STATE_COLORS, legend
 from .recorder import Event
+from .timeline import (
+    ACTOR_KINDS, REQUEST_KINDS, Axis, busy_spans, fmt_ns, lanes_of, steps_of, timeline_svgs,
+)
+from .timeline_js import SCRIPT
 
-REQUEST_KINDS = ("generation", "pooling")
-STATE_COLORS = {
-    "queued": "#cbd5e1", "prefill": "#fbbf24", "decode": "#34d399", "detok": "#60a5fa",
-    "paused": "#a78bfa", "retracted": "#f472b6", "forward": "#fbbf24", "pool": "#60a5fa",
-    "done": "#16a34a", "aborted": "#f97316", "failed": "#dc2626",
-}
+__all__ = ["STATE_COLORS", "highlight_for", "highlights", "to_html", "to_mermaid_sequence"]
 
 
 def _lanes(events: list[Event], rid: str | None = None, limit: int = 40) -> list[tuple[str, str]]:
@@ -38,17 +41,13 @@ def _lanes(events: list[Event], rid: str | None = None, limit: int = 40) -> list
     return list(seen.items())[:limit]
 
 
-def _short(rid: str) -> str:
-    return rid if len(rid) <= 12 else rid[:8] + "…"
-
-
 def to_mermaid_sequence(events: Iterable[Event], *, rid: str | None = None, limit: int = 20) -> str:
     evs = list(events)
     lanes = dict(_lanes(evs, rid, limit))
     alias = {r: f"R{i}" for i, r in enumerate(lanes, 1)}
     out = ["sequenceDiagram", "    participant S as scheduler", "    participant C as control"]
     for r, a in alias.items():
-        out.append(f"    participant {a} as {_short(r)} ({lanes[r]})")
+        out.append(f"    participant {a} as {r} ({lanes[r]})")
     causes = {e.seq: e for e in evs if e.kind == "message"}
     for e in evs:
         if e.kind == "step":
@@ -70,115 +69,157 @@ def to_mermaid_sequence(events: Iterable[Event], *, rid: str | None = None, limi
     return "\n".join(out) + "\n"
 
 
+def highlights(events: Iterable[Event]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """rid -> (lifecycle name, highlight) for every request: visited states, edge counts,
+    current state and the first refused event, in one pass over the events."""
+    acc: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if e.rid is None or e.kind not in LIFECYCLES:
+            continue
+        a = acc.get(e.rid)
+        if a is None:
+            a = acc[e.rid] = {"kind": e.kind, "visited": Counter(), "edges": Counter(),
+                              "current": None, "failed": None}
+        a["kind"] = e.kind
+        if e.event == "create":
+            a["visited"][e.dst] += 1
+            a["current"] = e.dst
+        elif e.ok:
+            a["edges"][(e.src, e.event, e.dst)] += 1
+            a["visited"][e.dst] += 1
+            a["current"] = e.dst
+        elif a["failed"] is None:
+            a["failed"] = (e.src, e.event, None)
+    out = {}
+    for rid, a in acc.items():
+        hl: dict[str, Any] = {"current": a["current"], "visited": dict(a["visited"]),
+                              "edges": dict(a["edges"])}
+        if a["failed"] is not None:
+            hl["failed_edge"] = a["failed"]
+        out[rid] = (a["kind"], hl)
+    return out
+
+
 def highlight_for(events: Iterable[Event], rid: str) -> tuple[str, dict[str, Any]] | None:
     """(lifecycle name, highlight) for one request: visited states, edge counts, refused edge."""
-    kind = None
-    visited: Counter = Counter()
-    edges: Counter = Counter()
-    current = None
-    failed = None
-    for e in events:
-        if e.rid != rid or e.kind not in LIFECYCLES:
+    return highlights(e for e in events if e.rid == rid).get(rid)
+
+
+def _json_script(id_: str, data: Any) -> str:
+    text = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
+    return f"<script type='application/json' id='{id_}'>{text}</script>"
+
+
+def _overlays(evs: list[Event], rids: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """One <template> per distinct picture (requests that took the same path share one), and
+    rid -> [template id, lifecycle]."""
+    found = highlights(e for e in evs if e.rid is not None)
+    by_svg: dict[str, str] = {}
+    templates, index = [], {}
+    for rid in rids:
+        if rid not in found:
             continue
-        kind = e.kind
-        if e.event == "create":
-            visited[e.dst] += 1
-            current = e.dst
-        elif e.ok:
-            edges[(e.src, e.event, e.dst)] += 1
-            visited[e.dst] += 1
-            current = e.dst
-        elif failed is None:
-            failed = (e.src, e.event, None)
-    if kind is None:
-        return None
-    hl: dict[str, Any] = {"current": current, "visited": dict(visited), "edges": dict(edges)}
-    if failed is not None:
-        hl["failed_edge"] = failed
-    return kind, hl
+        kind, hl = found[rid]
+        svg = to_svg(LIFECYCLES[kind], hl)
+        tid = by_svg.get(svg)
+        if tid is None:
+            tid = by_svg[svg] = f"ov-{len(by_svg)}"
+            templates.append(f"<template id='{tid}'>{svg}</template>")
+        index[rid] = [tid, kind]
+    return templates, index
 
 
-def _segments(events: list[Event]) -> dict[str, list[tuple[int, int | None, str]]]:
-    """rid -> [(start ns, end ns or None, state)]."""
-    segs: dict[str, list[tuple[int, int | None, str]]] = defaultdict(list)
-    for e in events:
-        if e.kind not in REQUEST_KINDS or not e.ok or e.dst is None or e.rid is None:
-            continue
-        lst = segs[e.rid]
-        if lst and lst[-1][1] is None:
-            s, _, st = lst[-1]
-            lst[-1] = (s, e.t_ns, st)
-        lst.append((e.t_ns, None, e.dst))
-    return segs
-
-
-def _timeline_svg(events: list[Event], lanes: list[tuple[str, str]]) -> str:
-    if not events:
-        return "<svg xmlns='http://www.w3.org/2000/svg' width='10' height='10'/>"
-    t0 = events[0].t_ns
-    t1 = max(events[-1].t_ns, t0 + 1)
-    label_w, width, lane_h = 150, 900, 22
-    top = 30 + lane_h  # scheduler lane first
-    height = top + lane_h * len(lanes) + 30
-
-    def x(t: int) -> float:
-        return label_w + (t - t0) / (t1 - t0) * width
-
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='timeline' width='{label_w + width + 20}' "
-             f"height='{height}' font-family='monospace' font-size='11'>",
-             f"<text x='4' y='{30 + 15}' font-weight='bold'>scheduler</text>"]
-    steps = [e for e in events if e.kind == "step"]
-    for e in steps:
-        parts.append(f"<line class='step' x1='{x(e.t_ns):.1f}' x2='{x(e.t_ns):.1f}' y1='32' "
-                     f"y2='{30 + lane_h - 2}' stroke='#475569'/>")
-    segs = _segments(events)
-    for i, (rid, kind) in enumerate(lanes):
-        y = top + i * lane_h
-        parts.append(f"<g class='lane' data-rid='{html.escape(rid)}'>"
-                     f"<text x='4' y='{y + 15}'>{html.escape(_short(rid))}</text>")
-        for start, end, state in segs.get(rid, []):
-            x0 = x(start)
-            x1 = x(end) if end is not None else x0 + 4
-            w = max(x1 - x0, 2.0)
-            color = STATE_COLORS.get(state, "#94a3b8")
-            parts.append(f"<rect class='seg' x='{x0:.1f}' y='{y + 3}' width='{w:.1f}' height='{lane_h - 6}' "
-                         f"fill='{color}'><title>{html.escape(rid)}: {state}</title></rect>")
-        parts.append("</g>")
-    ms = (t1 - t0) / 1e6
-    parts.append(f"<text x='{label_w}' y='{height - 8}'>0 ms</text>"
-                 f"<text x='{label_w + width - 80}' y='{height - 8}'>{ms:.1f} ms</text></svg>")
-    return "".join(parts)
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 16px; color: #0f172a; }
+h1 { font-size: 20px; margin: 0 0 6px; } h2 { font-size: 16px; margin: 18px 0 6px; }
+.summary { font-size: 13px; color: #334155; margin: 2px 0; }
+.note { font-size: 13px; color: #9a3412; }
+.controls { font-size: 12px; margin: 4px 0; } .controls button { font: 12px monospace; }
+.hint { color: #64748b; }
+.tl { display: flex; align-items: flex-start; border: 1px solid #e2e8f0; }
+.tl-labels { flex: none; background: #f8fafc; border-right: 1px solid #e2e8f0; cursor: pointer; }
+.tl-scroll { overflow-x: auto; flex: 1 1 auto; }
+.timeline .lane.request { cursor: pointer; }
+.timeline .lane.selected .seg { stroke: #0f172a; stroke-width: 1; }
+.legend { margin: 8px 0; font: 11px monospace; }
+.legend div { margin: 2px 0; } .legend b { display: inline-block; width: 84px; }
+.key { display: inline-block; padding: 1px 6px; margin: 1px; border-radius: 3px; }
+#ov-caption { font: 12px monospace; margin: 6px 0; }
+"""
 
 
 def to_html(events: Iterable[Event], *, rid: str | None = None, title: str = "actorserve run",
-            limit: int = 40) -> str:
+            limit: int = 500, status: str | None = None) -> str:
+    """The self-contained replay page (see the module docstring). `limit` caps the request
+    lanes (the page says so when it cuts); `status` is one line shown under the summary
+    (the replay's verdict on an open recording, for one)."""
     evs = list(events)
-    lanes = _lanes(evs, rid, limit)
-    legend = "".join(f"<span class='key' style='background:{c}'>{s}</span>"
-                     for s, c in STATE_COLORS.items())
-    overlays = []
-    for r, _ in (lanes if rid is not None else lanes[:6]):
-        found = highlight_for(evs, r)
-        if found is None:
-            continue
-        kind, hl = found
-        overlays.append(f"<figure><figcaption>{html.escape(r)} ({kind})</figcaption>"
-                        f"{to_svg(LIFECYCLES[kind], hl)}</figure>")
+    lanes = [ln for ln in lanes_of(evs) if rid is None or ln.kind in ACTOR_KINDS or ln.rid == rid]
+    requests = [ln for ln in lanes if ln.kind in REQUEST_KINDS]
+    cut = len(requests) - limit if len(requests) > limit else 0
+    if cut:
+        keep = {id(ln) for ln in requests[:limit]}
+        lanes = [ln for ln in lanes if ln.kind in ACTOR_KINDS or id(ln) in keep]
+        requests = requests[:limit]
+    steps = steps_of(evs)
+    stamps = [e.t_ns for e in evs if e.kind in LIFECYCLES or e.kind == "step"
+              or (e.kind == "input" and e.event == "step_end")]
     counts = Counter(e.kind for e in evs)
     summary = ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f"<p class='summary'>{len(evs)} events ({html.escape(summary)}); "
+             f"{len(requests)} request lane(s), {len(steps)} step(s).</p>"]
+    if status:
+        parts.append(f"<p class='note'>{html.escape(status)}</p>")
+    if cut:
+        parts.append(f"<p class='note'>Showing the first {limit} requests; {cut} more are "
+                     f"in the recording (pass --rid to draw one of them).</p>")
+    if not stamps:
+        parts.append("<p class='summary'>Nothing to draw: no lifecycle event recorded.</p>")
+        axis_json, labels_svg, plot_svg, ov_templates, ov_index = {}, "", "", [], {}
+    else:
+        first, last = min(stamps), max(stamps)
+        axis = Axis(first, last, busy_spans(lanes, steps, last))
+        labels_svg, plot_svg = timeline_svgs(lanes, steps, axis, last)
+        axis_json = axis.to_json()
+        idle = sum(b - a for (_, a), (b, _) in zip(axis.pieces, axis.pieces[1:]))
+        span = f"{fmt_ns(last - first)} from the first lifecycle event to the last"
+        if idle:
+            span += f"; {len(axis.pieces) - 1} idle gap(s), {fmt_ns(idle)} in all, collapsed"
+        parts.append(f"<p class='summary'>{html.escape(span)}.</p>")
+        ov_templates, ov_index = _overlays(evs, [ln.rid for ln in requests if ln.rid])
+    keys = "".join(
+        f"<div><b>{k}</b>" + "".join(f"<span class='key' style='background:{c}'>{s}</span>"
+                                     for s, c in states) + "</div>"
+        for k, states in legend([*ACTOR_KINDS, *REQUEST_KINDS]))
+    options = "".join(f"<option value='{html.escape(r)}'>{html.escape(r)} ({k})</option>"
+                      for r, (_, k) in ov_index.items())
+    first_ov = ""
+    caption = ""
+    if ov_index:
+        r0, (t0, k0) = next(iter(ov_index.items()))
+        first_ov = next(t for t in ov_templates if t.startswith(f"<template id='{t0}'>"))
+        first_ov = first_ov[len(f"<template id='{t0}'>"):-len("</template>")]
+        caption = f"{html.escape(r0)} ({k0})"
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 16px; color: #0f172a; }}
-.key {{ display: inline-block; padding: 2px 6px; margin: 2px; font: 11px monospace; border-radius: 3px; }}
-figure {{ margin: 12px 0; }} figcaption {{ font: 12px monospace; }}
-</style></head><body>
-<h1>{html.escape(title)}</h1>
-<p>{len(evs)} events ({html.escape(summary)}); {len(lanes)} request lane(s).</p>
-<div>{legend}</div>
+<style>{_CSS}</style></head><body>
+{''.join(parts)}
 <h2>Timeline</h2>
-{_timeline_svg(evs, lanes)}
+<div class='controls'><button type='button' data-zoom='out' title='zoom out'>−</button>
+<button type='button' data-zoom='in' title='zoom in'>+</button>
+<button type='button' data-zoom='fit' title='fit the page'>fit</button>
+<span id='tl-zoom'>×1</span> <span class='hint'>ctrl + wheel zooms at the pointer; hover a
+bar for its state and duration; click a request to see its diagram</span></div>
+<div class='tl'>{labels_svg}<div class='tl-scroll'>{plot_svg}</div></div>
+<div class='legend'>{keys}</div>
 <h2>Lifecycles</h2>
-{''.join(overlays)}
+<label class='controls'>request <select id='ov-select'>{options}</select></label>
+<p id='ov-caption'>{caption}</p>
+<div id='overlay'>{first_ov}</div>
+{''.join(ov_templates)}
+{_json_script('tl-axis', axis_json)}
+{_json_script('ov-map', ov_index)}
+<script>{SCRIPT if axis_json else ''}</script>
 </body></html>
 """

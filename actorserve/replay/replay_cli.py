@@ -5,6 +5,7 @@
     actorserve replay run.jsonl --json     # the report as JSON
     actorserve replay run.jsonl --format html --out run.html [--rid X]
     actorserve replay run.jsonl --format mermaid [--rid X]
+    actorserve replay run.jsonl --format chrome-trace --out trace.json   # chrome://tracing, Perfetto
     actorserve replay --reexecute run.jsonl [--max-num-seqs N ...]   # rerun the inputs, compare
 """
 
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 
 from ..statemachines import LIFECYCLES
-from .check import check
+from .check import Report, check, recording_is_open
 from .recorder import read_all_parts, read_recording
 from .stats import latency_report, wasted_forwards_line
 
@@ -24,9 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a JSONL recording written by `actorserve serve --record PATH`")
     p.add_argument("--rid", help="print this request's timeline")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p.add_argument("--format", choices=("text", "mermaid", "html"), default="text",
-                   help="text: the report; mermaid: a sequence diagram; html: timeline + state overlays")
-    p.add_argument("--out", help="write the mermaid/html picture here instead of stdout")
+    p.add_argument("--format", choices=("text", "mermaid", "html", "chrome-trace"), default="text",
+                   help="text: the report; mermaid: a sequence diagram; html: timeline + state "
+                        "overlays; chrome-trace: Trace Event Format JSON (chrome://tracing, Perfetto)")
+    p.add_argument("--out", help="write the picture or trace here instead of stdout")
     p.add_argument("--allow-unfinished", action="store_true",
                    help="do not flag requests still live when the recording ends")
     p.add_argument("--reexecute", action="store_true",
@@ -67,11 +71,39 @@ def timeline(events: list, rid: str) -> list[str]:
     return lines
 
 
-def _picture(args: argparse.Namespace, events: list) -> int:
-    from .render import to_html, to_mermaid_sequence
+OPEN = "recording is open: server still running or not shut down cleanly"
 
-    text = (to_mermaid_sequence(events, rid=args.rid) if args.format == "mermaid"
-            else to_html(events, rid=args.rid, title=f"actorserve replay: {args.path}"))
+
+def _open_status(path: str, report: Report) -> str:
+    """The open-recording line: what is missing, and how recent the end is."""
+    parts = ["no shutdown recorded"]
+    if report.last_ns is not None and report.in_flight:
+        oldest = min(f.since_ns for f in report.in_flight)
+        parts.append(f"{len(report.in_flight)} request(s) live at the end, the longest in its "
+                     f"state for {(report.last_ns - oldest) / 1e9:.3f} s")
+    try:
+        parts.append(f"file last written {time.time() - os.path.getmtime(path):.0f} s ago")
+    except OSError:
+        pass
+    return f"{OPEN} ({'; '.join(parts)})"
+
+
+def _picture(args: argparse.Namespace, events: list) -> int:
+    if args.format == "chrome-trace":
+        from .chrome_trace import to_chrome_trace
+
+        text = json.dumps(to_chrome_trace(events), separators=(",", ":")) + "\n"
+    elif args.format == "mermaid":
+        from .render import to_mermaid_sequence
+
+        text = to_mermaid_sequence(events, rid=args.rid)
+    else:
+        from .render import to_html
+
+        status = (_open_status(args.path, check(events, allow_open=True))
+                  if recording_is_open(events) else None)
+        text = to_html(events, rid=args.rid, title=f"actorserve replay: {args.path}",
+                       status=status)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text)
@@ -89,7 +121,7 @@ def _reexecute(args: argparse.Namespace) -> int:
     from .reexec import RecordingError, reexecute
 
     try:
-        _, events = read_all_parts(args.path)
+        header, events = read_all_parts(args.path)
         batch = None
         limits = {k: getattr(args, k) for k in ("max_num_seqs", "max_batch_tokens", "max_prefill_chunk")
                   if getattr(args, k) is not None}
@@ -100,7 +132,14 @@ def _reexecute(args: argparse.Namespace) -> int:
     except (RecordingError, ValueError, StopIteration) as exc:
         print(f"cannot re-execute {args.path}: {exc or 'no runtime set-up recorded'}", file=sys.stderr)
         return 2
-    print(json.dumps(report.to_dict()) if args.json else report.format())
+    stale = _stale_definitions(header)
+    if args.json:
+        print(json.dumps({**report.to_dict(), "stale_definitions": stale}))
+    else:
+        if stale and not report.ok:
+            print("note: recorded under other lifecycle definitions than today's; today's actors "
+                  "are expected to differ from it:\n  " + "\n  ".join(stale))
+        print(report.format())
     return 0 if report.ok else 1
 
 
@@ -117,11 +156,14 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print("\n".join(lines))
         return 0
-    report = check(events, require_terminal=not args.allow_unfinished)
+    report = check(events, require_terminal=not args.allow_unfinished, allow_open=True)
     stale = _stale_definitions(header)
+    in_flight = [{"kind": f.kind, "rid": f.rid, "state": f.state} for f in report.in_flight]
     if args.json:
         print(json.dumps({
             "events": len(events),
+            "open": report.open,
+            "in_flight": in_flight if report.open else [],
             "requests": dict(report.requests),
             "terminal": {f"{k}.{s}": n for (k, s), n in sorted(report.terminal.items())},
             "violations": [{"kind": v.kind, "rid": v.rid, "seq": v.seq, "detail": v.detail}
@@ -136,6 +178,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {kind:<11} {n:>7} accepted   {ends}")
         for line in stale:
             print(f"  note: {line}")
+        if report.open:
+            print(_open_status(args.path, report))
+            if report.in_flight:
+                print(f"  {len(report.in_flight)} request(s) in flight (not violations; "
+                      "requests that ended are checked in full):")
+            for f in report.in_flight[:20]:
+                since = (report.last_ns - f.since_ns) / 1e6 if report.last_ns is not None else 0
+                print(f"    {f.kind:<11} rid={f.rid} in {f.state} for {since:.3f} ms")
+            if len(report.in_flight) > 20:
+                print(f"    ... and {len(report.in_flight) - 20} more")
         lat = latency_report(events)
         if lat["abort_latency"]:
             a = lat["abort_latency"]
