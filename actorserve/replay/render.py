@@ -114,17 +114,18 @@ def _overlays(evs: list[Event], rids: list[str]) -> tuple[list[str], dict[str, l
     """One <template> per distinct picture (requests that took the same path share one), and
     rid -> [template id, lifecycle]."""
     found = highlights(e for e in evs if e.rid is not None)
-    by_svg: dict[str, str] = {}
+    by_path: dict[tuple, str] = {}
     templates, index = [], {}
     for rid in rids:
         if rid not in found:
             continue
         kind, hl = found[rid]
-        svg = to_svg(LIFECYCLES[kind], hl)
-        tid = by_svg.get(svg)
+        key = (kind, hl["current"], tuple(sorted(hl["visited"].items())),
+               tuple(sorted(hl["edges"].items())), hl.get("failed_edge"))
+        tid = by_path.get(key)
         if tid is None:
-            tid = by_svg[svg] = f"ov-{len(by_svg)}"
-            templates.append(f"<template id='{tid}'>{svg}</template>")
+            tid = by_path[key] = f"ov-{len(by_path)}"
+            templates.append(f"<template id='{tid}'>{to_svg(LIFECYCLES[kind], hl)}</template>")
         index[rid] = [tid, kind]
     return templates, index
 

@@ -155,6 +155,7 @@ class Axis:
             else:
                 pieces.append([a, b])
         self.pieces = [(a - first, b - first) for a, b in pieces]   # relative to t0
+        self._lows = [a for a, _ in self.pieces]
         n = len(self.pieces)
         self.brk = min(BREAK_W, width / 2 / (n - 1)) if n > 1 else 0.0
         self.set_width(width)
@@ -171,7 +172,7 @@ class Axis:
     def x(self, t: int) -> float:
         """x of absolute time `t` (ns); inside a break, linear across the break."""
         rel = t - self.t0
-        i = max(0, bisect.bisect_right([a for a, _ in self.pieces], rel) - 1)
+        i = max(0, bisect.bisect_right(self._lows, rel) - 1)
         a, b = self.pieces[i]
         if rel <= b or i + 1 == len(self.pieces):
             return self.starts[i] + max(0, min(rel, b) - a) * self.scale
