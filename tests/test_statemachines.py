@@ -151,13 +151,13 @@ ACCEPTED = [
     (HEALTH, "stall recover stall", {}, "unhealthy"),
     (SESSION, "defer_close close", {}, "closed"),
     (SESSION, "expire", {}, "closed"),
-    (SCHEDULER, "admit step step_done", {"has_work": True}, "pending"),
-    (SCHEDULER, "admit step step_done", {"has_work": False}, "idle"),
-    (SCHEDULER, "admit window window_closed step defer_pause step_done pause_retract resume",
-     {"has_work": True}, "pending"),
-    (SCHEDULER, "admit step defer_pause cancel_pause step_done", {}, "idle"),
-    (SCHEDULER, "admit empty pause_in_place resume", {}, "idle"),
-    (SCHEDULER, "admit window pause_abort stop", {}, "stopped"),
+    (SCHEDULER, "admit step step_done", {}, "pending"),
+    (SCHEDULER, "admit step step_done empty", {}, "idle"),
+    # a pause mid-step waits for the boundary, then applies
+    (SCHEDULER, "admit window window_closed step defer_pause step_done pause_retract resume", {}, "pending"),
+    (SCHEDULER, "admit step defer_pause cancel_pause step_done empty", {}, "idle"),
+    (SCHEDULER, "admit empty pause_in_place resume empty", {}, "idle"),
+    (SCHEDULER, "admit window window_closed pause_abort stop", {}, "stopped"),
 ]
 
 REFUSED = [
@@ -173,6 +173,8 @@ REFUSED = [
     (HEALTH, "recover", "recover"),
     (SCHEDULER, "admit step step", "step"),                 # one step at a time
     (SCHEDULER, "admit step pause_abort", "pause_abort"),   # mid-step: defer_pause
+    (SCHEDULER, "admit window pause_abort", "pause_abort"),   # the window closes first
+    (SCHEDULER, "admit step empty", "empty"),               # a step's requests are not gone
     (SCHEDULER, "admit pause_in_place pause_abort", "pause_abort"),
     (SESSION, "close defer_close", "defer_close"),
 ]

@@ -152,11 +152,17 @@ class SchedulerActor(SchedulerControl):
             self.bm.free(seq)
             self.engine.release(seq)
         if not self.seqs:
-            if self.state in (K.pending, K.windowing):
-                self._cancel_window()
-                self.fire("empty")
+            self._settle()
             self._check_idle()
         return actor
+
+    def _settle(self) -> None:
+        """No request left while no step runs: a window closes, ``pending -> idle``."""
+        if self.state is K.windowing:
+            self._cancel_window()
+            self.fire("window_closed")
+        if self.state is K.pending and not self.seqs:
+            self.fire("empty")
 
     def _matches(self, msg: Abort) -> list[str]:
         if msg.abort_all:
@@ -250,6 +256,7 @@ class SchedulerActor(SchedulerControl):
         return True
 
     def _cancel_window(self) -> None:
+        """Cancel an open window's timer (the caller fires ``window_closed``)."""
         if self._window is not None:
             self._window.cancel()
             self._window = None
@@ -329,6 +336,7 @@ class SchedulerActor(SchedulerControl):
             self._drop(rid)
         self.fire("step_done")
         self._apply_pending_pause()
+        self._settle()
         self._check_idle()
 
     def _tell(self, rid: str, message: Any) -> None:

@@ -44,16 +44,11 @@ class SchedulerControl(Actor):
     bm: Any
     _pending_pause: tuple[str, asyncio.Future[ControlResult]] | None
     _idle_waiters: list[asyncio.Future[bool]]
-    # and its `_abort(Abort)`, `_tell(rid, message)`, `_cancel_window()`
+    # and its `_abort(Abort)`, `_tell(rid, message)`, `_cancel_window()`, `_settle()`
 
     def fire(self, event: str) -> None:
         rec = self.system.recorder if self.system is not None else None
         SCHEDULER.fire(self, event, observer=rec)
-
-    @property
-    def has_work(self) -> bool:
-        """Condition of `step_done` / `resume`: requests are left (queued or running)."""
-        return bool(self.seqs)
 
     @property
     def paused_mode(self) -> str | None:
@@ -81,7 +76,9 @@ class SchedulerControl(Actor):
         return self._apply_pause(msg.mode)
 
     def _apply_pause(self, mode: str) -> ControlResult:
-        self._cancel_window()
+        if self.state is K.windowing:      # the window ends: nothing will be stepped now
+            self._cancel_window()
+            self.fire("window_closed")
         n = len(self.running)
         if mode == "abort":
             n = len(self._abort(Abort(abort_all=True)))
@@ -116,6 +113,7 @@ class SchedulerControl(Actor):
             for seq in self.running:
                 if seq.pooling is None:
                     self._tell(seq.rid, Resumed(seq.rid, seq.prefill_complete))
+        self._settle()
         self._check_idle()
         return ControlResult(True, "continued", {"was": mode})
 

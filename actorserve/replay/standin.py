@@ -41,6 +41,20 @@ class ReplayClock(ManualClock):
         return False
 
 
+class PooledStandIn:
+    """What a pooling step answers in re-execution: its value is not recorded, only that it
+    came. Any index reads 0.0, so every pooling head (`engine.heads`) can run on it."""
+
+    def __getitem__(self, i: Any) -> float:
+        return 0.0
+
+    def __len__(self) -> int:
+        return 1
+
+    def tolist(self) -> list[float]:
+        return [0.0]
+
+
 class ReplayEngine:
     """Plays back the recorded model answers, keyed by request id."""
 
@@ -64,7 +78,7 @@ class ReplayEngine:
             if seq.num_computed + n < seq.num_tokens:
                 outs.append(SeqOutput(seq))
             elif seq.pooling is not None:
-                outs.append(SeqOutput(seq, pooled=[0.0]))
+                outs.append(SeqOutput(seq, pooled=PooledStandIn()))
             else:
                 q = self.tokens.get(seq.rid)
                 if q:

@@ -199,7 +199,7 @@ HEALTH = Lifecycle(
 
 K = SchedulerState
 _K_PAUSED = (K.paused_abort, K.paused_retract, K.paused_in_place)
-_K_OPEN = (K.idle, K.pending, K.windowing)     # no step in flight, not paused
+_K_OPEN = (K.idle, K.pending)     # no step in flight, no window open, not paused
 
 SCHEDULER = Lifecycle(
     name="scheduler",
@@ -208,23 +208,22 @@ SCHEDULER = Lifecycle(
     terminal=frozenset({K.stopped}),
     edges=(
         Edge("admit", (K.idle,), K.pending),
-        Edge("empty", (K.pending, K.windowing), K.idle),
+        Edge("empty", (K.pending,), K.idle),
         Edge("window", (K.pending,), K.windowing),
         Edge("window_closed", (K.windowing,), K.pending),
         Edge("step", (K.pending,), K.stepping),
-        Edge("step_done", (K.stepping, K.pausing), K.pending, condition="has_work"),
-        Edge("step_done", (K.stepping, K.pausing), K.idle),
+        Edge("step_done", (K.stepping, K.pausing), K.pending),
         Edge("defer_pause", (K.stepping,), K.pausing),
         Edge("cancel_pause", (K.pausing,), K.stepping),
         Edge("pause_abort", _K_OPEN, K.paused_abort),
         Edge("pause_retract", _K_OPEN, K.paused_retract),
         Edge("pause_in_place", _K_OPEN, K.paused_in_place),
-        Edge("resume", _K_PAUSED, K.pending, condition="has_work"),
-        Edge("resume", _K_PAUSED, K.idle),
+        Edge("resume", _K_PAUSED, K.pending),
         Edge("stop", tuple(s for s in K if s is not K.stopped), K.stopped),
     ),
     doc="A scheduler actor: stepping spans a model step and its output stage; a pause that "
-        "arrives mid-step waits in pausing for the step boundary.",
+        "arrives mid-step waits in pausing for the step boundary; pending with no request "
+        "left is idle.",
 )
 
 SS = SessionState
