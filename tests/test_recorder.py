@@ -157,3 +157,19 @@ def test_the_fast_line_writer_is_plain_json_of_the_event():
         line = to_line(ev)
         assert "\n" not in line
         assert json.loads(line) == dict(zip(FIELDS, ev))
+
+
+def test_a_recording_being_written_ends_in_a_half_line_that_is_left_out(tmp_path):
+    import pytest
+    rec = FlightRecorder(path=tmp_path / "open.jsonl", lifecycles=LIFECYCLES.values())
+    rec.note("bench", "one", rid="a")
+    rec.note("bench", "two", rid="b")
+    rec.close()
+    with open(tmp_path / "open.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"seq": 3, "t_ns": 12, "rid": "c", "ki')          # the writer is mid-line
+    _, events = read_recording(tmp_path / "open.jsonl")
+    assert [e.event for e in events] == ["one", "two"]
+    text = (tmp_path / "open.jsonl").read_text()
+    (tmp_path / "broken.jsonl").write_text(text.replace('"two"', '"two', 1) + "\n")
+    with pytest.raises(ValueError, match="line"):
+        read_recording(tmp_path / "broken.jsonl")

@@ -145,7 +145,8 @@ async def test_pause_and_continue_give_the_same_tokens(mode):
         assert st.kv_used_blocks > 0 and st.running == 5
     late = rt.generate([9, 9], SamplingParams(max_new_tokens=2))  # waits, is not rejected
     await rt.quiesce()
-    assert rt.stats().waiting >= 1 and not late.stream.closed
+    assert rt.stats().waiting == (6 if mode == "retract" else 1) and not late.stream.closed
+    assert rt.request_info(late.rid)["state"] == "queued"
     assert (await rt.control(ContinueGeneration())).ok and rt.server_state == "serving"
     for h, p in zip(hs, prompts):
         out = await h.stream.final()

@@ -228,19 +228,29 @@ class FlightRecorder:
 
 
 def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Event]]:
-    """Read a JSONL recording: its header and its events, in order."""
+    """Read a JSONL recording: its header and its events, in order.
+
+    A recording that is still being written may end in a half-written line (no newline yet):
+    that last fragment is left out, as it is not an event yet. A malformed line anywhere
+    else is an error (`ValueError` naming the line)."""
     header: dict[str, Any] = {}
     events: list[Event] = []
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
+        lines = f.read().split("\n")
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
             obj = json.loads(line)
-            if "header" in obj:
-                header = obj["header"]
-            else:
-                events.append(Event.from_dict(obj))
+        except json.JSONDecodeError as exc:
+            if n == len(lines):        # the unterminated tail of a file being written
+                break
+            raise ValueError(f"{path}: line {n} is not a recording event: {exc}") from None
+        if "header" in obj:
+            header = obj["header"]
+        else:
+            events.append(Event.from_dict(obj))
     return header, events
 
 
