@@ -40,14 +40,15 @@ class OutputStream:
     not one per token).
     """
 
-    __slots__ = ("_items", "_waiter", "_at_close", "closed", "on_final")
+    __slots__ = ("_items", "_waiter", "_at_close", "closed", "on_final", "rid")
 
-    def __init__(self, on_final: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_final: Callable[[str], None] | None = None, rid: str = "") -> None:
         self._items: list[RequestOutput] = []   # a handful of items: a list is 10x smaller than a deque
         self._waiter: asyncio.Future[None] | None = None
         self._at_close = False      # the waiter wants the last item only
         self.closed = False
-        self.on_final = on_final    # called once, when the consumer takes the final item
+        self.on_final = on_final    # called once with `rid`, when the consumer takes the final item
+        self.rid = rid
 
     def put(self, item: RequestOutput) -> None:
         if self.closed:
@@ -77,7 +78,7 @@ class OutputStream:
         item = self._items.pop(0)
         if item.finished and self.on_final is not None:
             cb, self.on_final = self.on_final, None
-            cb()
+            cb(self.rid)
         return item
 
     def __aiter__(self) -> "OutputStream":
@@ -98,7 +99,7 @@ class OutputStream:
         last = items[-1]
         if self.on_final is not None and last.finished:
             cb, self.on_final = self.on_final, None
-            cb()
+            cb(self.rid)
         if len(items) == 1:
             return last
         merged = items[0]

@@ -150,6 +150,7 @@ class Runtime:
         if cfg.watchdog_timeout_s:
             self.watchdog = WatchdogActor(self.scheduler, self.control_actor, timeout=cfg.watchdog_timeout_s)
         self._seq = itertools.count(1)
+        self._on_final = self.delivered
 
     @property
     def clock(self) -> Clock:
@@ -210,7 +211,8 @@ class Runtime:
     def _submit(self, actor: RequestActor, seq: Sequence) -> RequestHandle:
         self.system.spawn(actor, supervisor=None)
         rid = actor.rid
-        actor.stream.on_final = lambda: self.delivered(rid)
+        actor.stream.rid = rid
+        actor.stream.on_final = self._on_final     # one bound method for all: no closure each
         actor.scheduler.tell(Submit(rid, seq, actor))
         return RequestHandle(rid, actor.stream)
 
