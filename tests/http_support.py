@@ -66,3 +66,12 @@ def assert_error(body: dict, type_: str | None = None) -> None:
     assert isinstance(err["message"], str) and err["message"]
     if type_ is not None:
         assert err["type"] == type_, body
+
+
+async def until(pred, timeout: float = 10.0) -> None:
+    """Wait for something that must happen (never to show that something did not)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        assert loop.time() < end, "condition not reached in time"
+        await asyncio.sleep(0.01)

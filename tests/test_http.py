@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from http_support import NAME, assert_error, load_tiny, serve, settle
+from http_support import NAME, assert_error, load_tiny, serve, settle, until
 
 SP = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
 
@@ -15,15 +15,6 @@ SP = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def tiny():
     return load_tiny()
-
-
-async def until(pred, timeout: float = 10.0) -> None:
-    """Wait for something that must happen (never to show that something did not)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not pred():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def sse_events(raw: str) -> list:

@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from http_support import assert_error, load_tiny, settle
+from http_support import assert_error, load_tiny, settle, until
 from pooling_support import build_tiny_bert, pool_model, serve_pooling
 
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "A man is riding a horse."]
@@ -170,15 +170,6 @@ async def test_cross_encoder_and_classifier_models(tiny, berts):
         await settle(rt)
         assert rt.pool_stats()["rerank"].steps > 0 and rt.pool_stats()["classify"].steps > 0
         assert rt.stats().steps == 0            # nothing went to the generation model
-
-
-async def until(pred, timeout: float = 10.0) -> None:
-    """Wait for something that must happen (never to show that something did not)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not pred():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def pool_aborts(rt) -> list:
