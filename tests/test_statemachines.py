@@ -156,6 +156,9 @@ ACCEPTED = [
     # a pause mid-step waits for the boundary, then applies
     (SCHEDULER, "admit window window_closed step defer_pause step_done pause_retract resume", {}, "pending"),
     (SCHEDULER, "admit step defer_pause cancel_pause step_done empty", {}, "idle"),
+    # a failed step is isolated (re-runs in halves) without leaving its step
+    (SCHEDULER, "admit step isolate isolate step_done", {}, "pending"),
+    (SCHEDULER, "admit step defer_pause isolate step_done pause_abort", {}, "paused_abort"),
     (SCHEDULER, "admit empty pause_in_place resume empty", {}, "idle"),
     (SCHEDULER, "admit window window_closed pause_abort stop", {}, "stopped"),
 ]
@@ -175,6 +178,7 @@ REFUSED = [
     (SCHEDULER, "admit step pause_abort", "pause_abort"),   # mid-step: defer_pause
     (SCHEDULER, "admit window pause_abort", "pause_abort"),   # the window closes first
     (SCHEDULER, "admit step empty", "empty"),               # a step's requests are not gone
+    (SCHEDULER, "admit isolate", "isolate"),                # only a step in flight is isolated
     (SCHEDULER, "admit pause_in_place pause_abort", "pause_abort"),
     (SESSION, "close defer_close", "defer_close"),
 ]

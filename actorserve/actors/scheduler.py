@@ -39,6 +39,7 @@ from ..messages import (
 )
 from ..statemachines import SCHEDULER, SchedulerState
 from .actor import Actor, handles
+from .isolation import Isolation
 from .output import outputs_done
 from .scheduler_control import SchedulerControl
 
@@ -61,6 +62,8 @@ class SchedulerStats:
     prefix_hit_rate: float
     generated_tokens: int
     prompt_tokens: int
+    isolations: int
+    isolated_failures: int
 
 
 class SchedulerActor(SchedulerControl):
@@ -90,6 +93,9 @@ class SchedulerActor(SchedulerControl):
         self._free_after_step: list[Any] = []
         self._pending_pause: tuple[str, asyncio.Future[ControlResult]] | None = None
         self._idle_waiters: list[asyncio.Future[bool]] = []
+        self._isolation: Isolation | None = None   # bisecting a failed step (isolation.py)
+        self.isolations = 0            # failed steps isolated
+        self.isolated_failures = 0     # requests failed as the cause of a step's failure
         self.generated_tokens = 0      # business traffic only: probes are not counted
         self.prompt_tokens = 0
         self.steps_done = 0            # completed model steps (the watchdog's progress signal)
@@ -204,14 +210,17 @@ class SchedulerActor(SchedulerControl):
         if not plan.batch:
             self._fail_unfittable()
             return
-        self.step_id += 1
         self.inflight = {seq.rid: seq for seq, _ in plan.batch}
+        self.fire("step")
+        self._run(plan.batch)
+
+    def _run(self, batch: list[Any]) -> None:
+        """Hand `batch` to the model (a planned step, or an isolation's re-run)."""
+        self.step_id += 1
         rec = self.system.recorder if self.system is not None else None
         if rec is not None:
             rec.note("step", "step", data={"sched": self.name, "step": self.step_id,
-                                            "batch": [[s.rid, n] for s, n in plan.batch]})
-        self.fire("step")
-        batch = plan.batch
+                                            "batch": [[s.rid, n] for s, n in batch]})
         step = self.step_id
         run = self.runner or (self.system.run_in_thread if self.step_in_thread else self.system.run_inline)
         run(self, self.engine.execute, batch, wrap=lambda res, err: self._returned(step, batch, res, err))
@@ -286,18 +295,27 @@ class SchedulerActor(SchedulerControl):
                           Failed(seq.rid, "the request needs more KV blocks than the cache has"))
                 return
 
+    def _live(self, seq: Any) -> bool:
+        return self.seqs.get(seq.rid) is seq
+
     @handles(StepDone)
     def _step_done(self, msg: StepDone) -> None:
         self.steps_done += 1
+        batch, outputs, error = msg.batch, msg.outputs, msg.error
+        if error is not None or self._isolation is not None:
+            done = self._isolate(msg)
+            if done is None:
+                return                      # a re-run is in flight
+            batch, outputs, error = done
         items: list[TokenItem] = []
-        if msg.error is not None:
-            err = f"model step failed: {type(msg.error).__name__}: {msg.error}"
-            for seq, _ in msg.batch:
-                if self.seqs.get(seq.rid) is seq:
+        if error is not None:
+            err = f"model step failed: {type(error).__name__}: {error}"
+            for seq, _ in batch:
+                if self._live(seq):
                     self._end(seq, self._drop(seq.rid), Failed(seq.rid, err))
         else:
-            counts = {id(seq): n for seq, n in msg.batch}
-            for out in msg.outputs or ():
+            counts = {id(seq): n for seq, n in batch}
+            for out in outputs or ():
                 seq = out.seq
                 if self.seqs.get(seq.rid) is not seq:
                     continue  # aborted or released while the step ran
@@ -317,6 +335,38 @@ class SchedulerActor(SchedulerControl):
         assert self.system is not None
         self.system.pipe(self.stage.ask(StepOutputs(msg.step, tuple(items))), self,
                          wrap=outputs_done(msg.step))
+
+    def _isolate(self, msg: StepDone) -> tuple[list[Any], list[Any] | None, BaseException | None] | None:
+        """A step failed, or an isolation's re-run came back (`isolation.py`). Returns the
+        step to apply once the isolation is over (None while a re-run is in flight)."""
+        iso = self._isolation
+        rec = self.system.recorder if self.system is not None else None
+        if iso is None:
+            live = [(s, n) for s, n in msg.batch if self._live(s)]
+            if len(live) <= 1:
+                return msg.batch, msg.outputs, msg.error      # nothing to tell apart
+            iso = self._isolation = Isolation(live)
+            self.isolations += 1
+            self.fire("isolate")
+            if rec is not None:
+                rec.note("step", "isolate", data={
+                    "sched": self.name, "step": msg.step, "suspects": [s.rid for s, _ in live],
+                    "error": f"{type(msg.error).__name__}: {msg.error}"})
+        else:
+            iso.result(msg.batch, msg.outputs, msg.error)
+        sub = iso.next(self._live)
+        if sub is not None:
+            self._run(sub)
+            return None
+        self._isolation = None
+        for seq, err in iso.failed:
+            if self._live(seq):
+                self.isolated_failures += 1
+                if rec is not None:
+                    rec.note("step", "isolated", rid=seq.rid, data={"sched": self.name, "error": err})
+                self._end(seq, self._drop(seq.rid),
+                          Failed(seq.rid, f"model step failed on this request: {err}"))
+        return iso.batch, iso.outputs, None
 
     @handles(OutputsDone)
     def _outputs_done(self, msg: OutputsDone) -> None:
@@ -396,7 +446,8 @@ class SchedulerActor(SchedulerControl):
             steps=self.step_id, live_requests=len(self.seqs), kv_used_blocks=kv.used_blocks,
             kv_free_blocks=kv.free_blocks, kv_cached_blocks=kv.cached_free_blocks,
             kv_usage=kv.usage, prefix_hit_rate=kv.hit_rate,
-            generated_tokens=self.generated_tokens, prompt_tokens=self.prompt_tokens)
+            generated_tokens=self.generated_tokens, prompt_tokens=self.prompt_tokens,
+            isolations=self.isolations, isolated_failures=self.isolated_failures)
 
     def on_stop(self) -> None:
         self._cancel_window()               # an open batching window no longer owes a step

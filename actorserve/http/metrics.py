@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..messages import RequestOutput
@@ -47,6 +47,10 @@ class _StatsCollector(Collector):
                                 value=st.prefix_hit_rate)
         yield GaugeMetricFamily(PREFIX + "server_paused", "1 while generation is paused",
                                 value=1.0 if self._snapshot().paused else 0.0)
+        yield CounterMetricFamily(PREFIX + "step_isolations", "Failed model steps whose members "
+                                  "were re-run in halves to find the cause", value=st.isolations)
+        yield CounterMetricFamily(PREFIX + "isolated_failures", "Requests failed as the cause of a "
+                                  "model step's failure (the others went on)", value=st.isolated_failures)
         pools = self._pool_stats() if self._pool_stats is not None else {}
         if pools:
             running = GaugeMetricFamily(PREFIX + "pool_num_requests_running",

@@ -213,6 +213,8 @@ SCHEDULER = Lifecycle(
         Edge("window_closed", (K.windowing,), K.pending),
         Edge("step", (K.pending,), K.stepping),
         Edge("step_done", (K.stepping, K.pausing), K.pending),
+        Edge("isolate", (K.stepping,), K.stepping),      # a failed step's members re-run in halves
+        Edge("isolate", (K.pausing,), K.pausing),
         Edge("defer_pause", (K.stepping,), K.pausing),
         Edge("cancel_pause", (K.pausing,), K.stepping),
         Edge("pause_abort", _K_OPEN, K.paused_abort),
