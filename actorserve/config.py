@@ -24,9 +24,21 @@ class SchedulerConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     step_in_thread: bool = True         # run the model step in a worker thread (off the loop)
     watchdog_timeout_s: float | None = None   # unhealthy after this long without a step; None = off
+    # Admission control: a request that would make more than this many wait for a scheduler is
+    # refused at once (HTTP 503 with Retry-After); probes are never refused. None = unbounded.
+    max_queued_requests: int | None = None
+    # Every request's deadline, in seconds from its arrival: past it the request is aborted
+    # through the control actor (finish_reason "timeout"). None = no deadline.
+    request_timeout_s: float | None = None
     # Pooling schedulers only: when an idle encoder would start a step with fewer inputs than it
     # can take, wait this long for more to arrive (a batching window, like Triton's queue delay).
     pool_batch_wait_s: float = 0.005
+
+    def __post_init__(self) -> None:
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
 
 
 @dataclass(frozen=True, slots=True)

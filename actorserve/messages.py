@@ -48,6 +48,10 @@ class Release:
 # -- control plane (HTTP -> control actor) --------------------------------------------------------
 
 
+#: the reason of an abort caused by a request's deadline (its finish_reason is "timeout")
+DEADLINE_EXCEEDED = "deadline exceeded"
+
+
 @dataclass(frozen=True, slots=True)
 class AbortRequest:
     rid: str | None = None

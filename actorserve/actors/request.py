@@ -25,7 +25,7 @@ import asyncio
 from typing import Any, Callable
 
 from ..messages import (
-    Aborted, Delivered, Failed, Paused, PoolOut, PrefillProgress, Release, RequestOutput, Resumed,
+    DEADLINE_EXCEEDED, Aborted, Delivered, Failed, Paused, PoolOut, PrefillProgress, Release, RequestOutput, Resumed,
     Retracted, Scheduled, SessionEnd, TokenOut,
 )
 from ..statemachines import GENERATION, POOLING, GenState, Lifecycle
@@ -117,7 +117,8 @@ class RequestActor(Actor):
     """Shared plumbing: the lifecycle, the stream, abort and failure."""
 
     __slots__ = ("rid", "state", "scheduler", "stream", "is_probe", "prompt_tokens",
-                 "cached_tokens", "t_arrival", "t_first", "t_done")
+                 "cached_tokens", "t_arrival", "t_first", "t_done", "deadline", "on_deadline",
+                 "_deadline_timer")
     lifecycle: Lifecycle
     mailbox_capacity = 4096
 
@@ -133,6 +134,9 @@ class RequestActor(Actor):
         self.t_arrival = 0.0
         self.t_first: float | None = None
         self.t_done: float | None = None
+        self.deadline: float | None = None          # seconds after arrival (set by the runtime)
+        self.on_deadline: Callable[[str], None] | None = None
+        self._deadline_timer: Any = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -141,6 +145,14 @@ class RequestActor(Actor):
         self.t_arrival = sysm.clock.now()
         if sysm.recorder is not None:
             sysm.recorder.created(self.lifecycle, self, {"probe": True} if self.is_probe else None)
+        if self.deadline is not None and self.on_deadline is not None:
+            rid, cb = self.rid, self.on_deadline
+            self._deadline_timer = sysm.call_later(self.deadline, lambda: cb(rid), f"req:{rid}:deadline")
+
+    def on_stop(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
 
     def fire(self, event: str) -> None:
         rec = self.system.recorder if self.system is not None else None
@@ -185,7 +197,8 @@ class RequestActor(Actor):
     @handles(Aborted)
     def _aborted(self, msg: Aborted) -> None:
         self.fire("abort")
-        self._finish(RequestOutput(self.rid, text=msg.text, finish_reason="abort",
+        reason = "timeout" if msg.reason == DEADLINE_EXCEEDED else "abort"
+        self._finish(RequestOutput(self.rid, text=msg.text, finish_reason=reason,
                                    error=None if msg.reason == "abort" else msg.reason))
 
     @handles(Failed)

@@ -50,7 +50,7 @@ from ..engine.heads import apply_head
 from ..engine.params import PoolingParams, SamplingParams
 from ..engine.sequence import Sequence
 from ..messages import (
-    AbortRequest, Aborted, ControlResult, Delivered, Drain, HealthDone, OpenSession, ServerEvent, SessionEnd,
+    DEADLINE_EXCEEDED, AbortRequest, Aborted, ControlResult, Delivered, Drain, HealthDone, OpenSession, ServerEvent, SessionEnd,
     Submit, Track,
 )
 from ..statemachines import LIFECYCLES, ServerState
@@ -98,6 +98,17 @@ def changed_fields(obj: Any) -> dict[str, Any]:
 
 class DuplicateRequestId(ValueError):
     """A live request already has this rid."""
+
+
+class Overloaded(RuntimeError):
+    """Admission control refused a request: too many are waiting (HTTP 503 + Retry-After)."""
+
+    def __init__(self, queued: int, limit: int, retry_after_s: int) -> None:
+        super().__init__(f"server overloaded: {queued} requests are waiting (limit {limit}); "
+                         f"retry after {retry_after_s}s")
+        self.queued = queued
+        self.limit = limit
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +162,10 @@ class Runtime:
             self.watchdog = WatchdogActor(self.scheduler, self.control_actor, timeout=cfg.watchdog_timeout_s)
         self._seq = itertools.count(1)
         self._on_final = self.delivered
+        self._on_deadline = self._deadline_passed
+        self.max_queued = cfg.max_queued_requests
+        self.request_timeout = cfg.request_timeout_s
+        self.shed = 0                    # requests refused by admission control
 
     @property
     def clock(self) -> Clock:
@@ -184,16 +199,19 @@ class Runtime:
                 "watchdog": None if self.watchdog is None else {
                     "timeout": self.watchdog.timeout, "interval": self.watchdog.interval}}
 
-    def _request_input(self, event: str, seq: Sequence, params: Any, xkey: str, extra: Any) -> None:
+    def _request_input(self, event: str, seq: Sequence, params: Any, xkey: str, extra: Any,
+                       deadline: float | None = None) -> None:
         """Note a request's arrival in one small dict: the parameters that differ from their
         defaults, its prompt (the sequence's own list, never changed: the note holds no copy),
-        and the probe flag, session or target when there is one."""
+        and the probe flag, session or target, and deadline when there is one."""
         data = changed_fields(params)
         data["prompt"] = seq.prompt_ids
         if seq.is_probe:
             data["probe"] = True
         if extra is not None:
             data[xkey] = extra
+        if deadline is not None:
+            data["deadline_s"] = deadline
         self.recorder.input(event, rid=seq.rid, data=data)
 
     def _input(self, event: str, rid: str | None = None, **data: Any) -> None:
@@ -208,7 +226,38 @@ class Runtime:
             raise DuplicateRequestId(f"a request with rid {rid!r} is already running")
         return rid
 
-    def _submit(self, actor: RequestActor, seq: Sequence) -> RequestHandle:
+    def _admit(self, sched: SchedulerActor, is_probe: bool) -> None:
+        """Admission control: refuse (raise `Overloaded`) when `max_queued` requests already
+        wait for `sched` (its queue, and submissions still in its mailbox). Probes always pass:
+        health must answer under overload."""
+        if self.max_queued is None or is_probe:
+            return
+        queued = len(sched.lane) + sched.mailbox.statistics().current_size
+        if queued >= self.max_queued:
+            self.shed += 1
+            if self.recorder is not None:
+                self.recorder.note("admission", "shed", data={"sched": sched.name, "queued": queued,
+                                                              "limit": self.max_queued})
+            per_step = max(1, sched.policy.config.max_num_seqs)
+            raise Overloaded(queued, self.max_queued, max(1, min(30, queued // per_step)))
+
+    def _deadline(self, deadline_s: float | None, is_probe: bool) -> float | None:
+        if deadline_s is not None:
+            if not deadline_s > 0:
+                raise ValueError(f"a request's deadline must be > 0 seconds, got {deadline_s}")
+            return float(deadline_s)
+        return None if is_probe else self.request_timeout
+
+    def _deadline_passed(self, rid: str) -> None:
+        """A request's deadline timer fired (an input): abort it like any abort, through the
+        control actor (a message: the timer is what the recording replays)."""
+        if self.control_actor.alive:
+            self.control_actor.tell(AbortRequest(rid, reason=DEADLINE_EXCEEDED))
+
+    def _submit(self, actor: RequestActor, seq: Sequence, deadline: float | None = None) -> RequestHandle:
+        if deadline is not None:
+            actor.deadline = deadline
+            actor.on_deadline = self._on_deadline
         self.system.spawn(actor, supervisor=None)
         rid = actor.rid
         actor.stream.rid = rid
@@ -218,23 +267,27 @@ class Runtime:
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None, *,
                  rid: str | None = None, is_probe: bool = False, session: str | None = None,
-                 detokenizer: Any = None) -> RequestHandle:
+                 detokenizer: Any = None, deadline_s: float | None = None) -> RequestHandle:
         """``session``: the id of a session whose `SessionBegin` composed `prompt_ids` and
         reserved `rid`; the request reports its output to the session when it ends.
         The output stage detokenizes with the runtime's factory (``detokenizer`` replaces it
-        for this request: tests and re-execution)."""
+        for this request: tests and re-execution). ``deadline_s`` (else the runtime's
+        ``request_timeout_s``) aborts the request that long after its arrival. Raises
+        `Overloaded` when admission control refuses it."""
         rid = self._rid(rid)
+        self._admit(self.scheduler, is_probe)
+        deadline = self._deadline(deadline_s, is_probe)
         sp = sampling or SamplingParams()
         seq = Sequence(rid, prompt_ids, sampling=sp, is_probe=is_probe, arrival=self.clock.now())
         if self.recorder is not None:
-            self._request_input("generate", seq, sp, "session", session)
+            self._request_input("generate", seq, sp, "session", session, deadline)
         if detokenizer is None and self.new_detokenizer is not None:
             detokenizer = self.new_detokenizer(sp)
         actor = GenerationActor(rid, scheduler=self.scheduler, prompt_tokens=len(prompt_ids),
                                 logprobs=sp.logprobs, is_probe=is_probe,
                                 session=None if session is None else (self.sessions, session))
         self.stage.tell(Track(rid, actor, detokenizer))
-        return self._submit(actor, seq)
+        return self._submit(actor, seq, deadline)
 
     def delivered(self, rid: str) -> None:
         """The client took request `rid`'s final output off its stream: it is done."""
@@ -256,20 +309,23 @@ class Runtime:
         return self.sessions.ask(message)
 
     def pool(self, prompt_ids: list[int], pooling: PoolingParams | None = None, *,
-             rid: str | None = None, is_probe: bool = False, target: str | None = None) -> RequestHandle:
+             rid: str | None = None, is_probe: bool = False, target: str | None = None,
+             deadline_s: float | None = None) -> RequestHandle:
         """A pooling request; ``target`` names a pooling engine, None = the generation engine.
         Its result is what ``pooling.head`` makes of the pooled value (`engine.heads`)."""
         if target is not None and target not in self.pool_schedulers:
             raise KeyError(f"no pooling engine {target!r} is loaded")
         sched = self.scheduler if target is None else self.pool_schedulers[target]
         rid = self._rid(rid)
+        self._admit(sched, is_probe)
+        deadline = self._deadline(deadline_s, is_probe)
         pooling = pooling or PoolingParams()
         seq = Sequence(rid, prompt_ids, pooling=pooling, is_probe=is_probe, arrival=self.clock.now())
         if self.recorder is not None:
-            self._request_input("pool", seq, pooling, "target", target)
+            self._request_input("pool", seq, pooling, "target", target, deadline)
         actor = PoolingActor(rid, scheduler=sched, prompt_tokens=len(prompt_ids),
                              head=functools.partial(apply_head, pooling), is_probe=is_probe)
-        return self._submit(actor, seq)
+        return self._submit(actor, seq, deadline)
 
     def abort(self, rid: str, reason: str = "abort") -> "asyncio.Future[ControlResult]":
         """Abort one request now (e.g. its client disconnected), through the control actor like

@@ -115,7 +115,7 @@ def _tuples(args: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
 
 
-REQUEST_KEYS = ("prompt", "probe", "session", "target")
+REQUEST_KEYS = ("prompt", "probe", "session", "target", "deadline_s")
 
 
 def _params(d: dict[str, Any]) -> dict[str, Any]:
@@ -275,10 +275,11 @@ class _Driver:
             stop_at = self.stops.get((e.rid, self.incarnation[e.rid]))
             rt.generate(list(d["prompt"]), SamplingParams(**_params(d)), rid=e.rid,
                         detokenizer=ReplayDetokenizer(stop_at), is_probe=d.get("probe", False),
-                        session=d.get("session"))
+                        session=d.get("session"), deadline_s=d.get("deadline_s"))
         elif e.event == "pool":
             rt.pool(list(d["prompt"]), PoolingParams(**_params(d)), rid=e.rid,
-                    is_probe=d.get("probe", False), target=d.get("target"))
+                    is_probe=d.get("probe", False), target=d.get("target"),
+                    deadline_s=d.get("deadline_s"))
         elif e.event == "abort":    # recordings from before every abort was a control request
             assert e.rid is not None
             self._keep(rt.abort(e.rid, d.get("reason", "abort")))
