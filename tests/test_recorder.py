@@ -7,7 +7,7 @@ import json
 from actorserve.actors.clock import ManualClock
 from actorserve.cli import main as cli
 from actorserve.engine.params import SamplingParams
-from actorserve.messages import AbortRequest, PauseGeneration
+from actorserve.messages import AbortRequest, ContinueGeneration, PauseGeneration
 from actorserve.replay.check import check
 from actorserve.replay.recorder import FIELDS, FlightRecorder, read_recording
 from actorserve.statemachines import GENERATION, LIFECYCLES, IllegalTransition, Subject
@@ -173,3 +173,29 @@ def test_a_recording_being_written_ends_in_a_half_line_that_is_left_out(tmp_path
     (tmp_path / "broken.jsonl").write_text(text.replace('"two"', '"two', 1) + "\n")
     with pytest.raises(ValueError, match="line"):
         read_recording(tmp_path / "broken.jsonl")
+
+
+async def test_abort_latency_matches_a_prefix_abort_to_its_own_request_not_an_older_abort():
+    """A prefix abort used to be filed under the prefix string, so each request it aborted was
+    measured from an older abort_all or pause (p99 of seconds where the truth was ms)."""
+    from actorserve.replay.stats import abort_latencies_ms
+
+    rt, engine, rec, clock = await make_runtime()
+    early = rt.generate([9, 9], SamplingParams(max_new_tokens=2))
+    await rt.control(PauseGeneration("abort"))           # an old "everything" abort
+    await rt.control(ContinueGeneration())
+    await early.stream.final()
+    await rt.control(PauseGeneration("in_place"))
+    hs = [rt.generate([i, 3], SamplingParams(max_new_tokens=4), rid=f"job-{i}") for i in range(3)]
+    await rt.quiesce()
+    clock.advance(5.0)                                   # long after the old abort
+    aborting = rt.control(AbortRequest(rid="job-", prefix=True))
+    clock.advance(0.004)                                 # the abort's input is recorded before this
+    assert (await aborting).detail["aborted"] == 3
+    for h in hs:
+        await h.stream.final()
+    await rt.quiesce()
+    lat = abort_latencies_ms(rec.events())
+    assert len(lat) == 4 and lat[0] == 0.0               # `early`, by the pause
+    assert lat[1:] == [4.0, 4.0, 4.0]                    # from the prefix abort, not 5 s earlier
+    await rt.shutdown()

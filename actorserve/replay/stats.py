@@ -1,8 +1,9 @@
 """Latency figures from a recording: abort latency, time spent in each state, wasted forwards.
 
-Abort latency of a request is the time from the abort that reached it — the nearest earlier
-`AbortRequest`/`Abort` message naming it (or naming no rid: abort_all, prefix) or a
-`PauseGeneration` — to its `aborted` transition, i.e. the moment its stream was closed.
+Abort latency of a request is the time from the abort that reached it — the latest earlier
+input that matches it: an `AbortRequest` naming its rid, a prefix of it or ``abort_all``, a
+pause in mode abort, its deadline, shutdown — to its `aborted` transition, i.e. the moment its
+stream was closed.
 Time in state is measured between consecutive transitions of the same request.
 
 A wasted forward is a model step that computed a request already finished. For each generation
@@ -38,6 +39,48 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 def abort_latencies_ms(events: Iterable[Event]) -> list[float]:
+    """Per aborted request, ms from the abort that matched it to its ``aborted`` transition.
+
+    The cause is matched on what the abort said, from the ``input`` events (what entered the
+    actors, with its arguments): an `AbortRequest` naming the rid, a prefix of it, or
+    ``abort_all``; a `PauseGeneration` with mode abort; the request's deadline timer; shutdown.
+    The latest matching one before the transition is the cause. (Matching on message rids alone
+    filed a prefix abort under the prefix string and measured from an older abort or pause.)
+    Recordings without inputs fall back to the messages."""
+    events = list(events)
+    if not any(e.kind == "input" for e in events):
+        return _abort_latencies_from_messages(events)
+    by_rid: dict[str, int] = {}
+    prefixes: dict[str, int] = {}
+    everything: int | None = None
+    out = []
+    for e in events:
+        if e.kind == "input":
+            d = e.data or {}
+            if e.event == "control" and d.get("op") == "AbortRequest":
+                args = d.get("args") or {}
+                if args.get("abort_all"):
+                    everything = e.t_ns
+                elif args.get("rid"):
+                    (prefixes if args.get("prefix") else by_rid)[args["rid"]] = e.t_ns
+            elif e.event == "control" and d.get("op") == "PauseGeneration":
+                if ((d.get("args") or {}).get("mode") or "abort") == "abort":
+                    everything = e.t_ns
+            elif e.event == "abort" and e.rid:          # recordings from before aborts were controls
+                by_rid[e.rid] = e.t_ns
+            elif e.event == "timer" and str(d.get("label", "")).endswith(":deadline"):
+                by_rid[str(d["label"])[4:-len(":deadline")]] = e.t_ns
+            elif e.event == "shutdown":
+                everything = e.t_ns
+        elif e.kind in ("generation", "pooling") and e.ok and e.dst == "aborted" and e.rid:
+            cands = [t for t in (by_rid.get(e.rid), everything) if t is not None]
+            cands += [t for p, t in prefixes.items() if e.rid.startswith(p)]
+            if cands:
+                out.append((e.t_ns - max(cands)) / 1e6)
+    return out
+
+
+def _abort_latencies_from_messages(events: list[Event]) -> list[float]:
     last_any: Event | None = None           # latest abort that names no single rid
     last_by_rid: dict[str, Event] = {}
     out = []
