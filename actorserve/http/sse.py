@@ -1,7 +1,15 @@
-"""Server-sent events: open a stream, write ``data: <json>\\n\\n`` events, end with ``[DONE]``."""
+"""Server-sent events: open a stream, write ``data: <json>\\n\\n`` events, end with ``[DONE]``.
+
+A client that stops reading must not hold its request (and its KV) forever: a write that
+cannot be handed to the connection within `WRITE_STALL_S` (the transport's buffer full because
+nothing is read at the other end) raises `ConnectionResetError`, the same as a client that went
+away, so the handler leaves and its request group aborts the request at once. What a stream
+buffers is thereby bounded too: at most the deltas produced while one write waits.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -19,9 +27,16 @@ async def open_sse(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def send(resp: web.StreamResponse, payload: Any) -> None:
+WRITE_STALL_S = 30.0     # a reader that takes none of a stream's bytes for this long is cut off
+
+
+async def send(resp: web.StreamResponse, payload: Any, *, stall_s: float | None = None) -> None:
+    stall_s = WRITE_STALL_S if stall_s is None else stall_s
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-    await resp.write(f"data: {data}\n\n".encode())
+    try:
+        await asyncio.wait_for(resp.write(f"data: {data}\n\n".encode()), stall_s)
+    except asyncio.TimeoutError:
+        raise ConnectionResetError(f"the client read nothing for {stall_s:g}s") from None
 
 
 async def done(resp: web.StreamResponse) -> None:
