@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from actorserve.actors.clock import ManualClock
@@ -86,3 +88,41 @@ async def test_a_deadline_aborts_through_the_control_actor_with_finish_reason_ti
     await rt.shutdown()
     report = await reexecute(rec.events())
     assert report.ok, report.format()
+
+
+async def test_over_http_a_shed_request_is_503_with_retry_after_and_health_still_answers():
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from actorserve.config import ModelConfig, ServerConfig
+    from actorserve.engine.runner import build_engine
+    from actorserve.http.app import build_app
+    from http_support import NAME, assert_error, load_tiny, settle, until
+
+    model, hf_tok, tok = load_tiny()
+    engine = build_engine(model, num_blocks=64, block_size=16, tokenizer=hf_tok, model_name=NAME)
+    rt = Runtime(engine, config=SchedulerConfig(max_queued_requests=2),
+                 recorder=FlightRecorder(capacity=100_000, lifecycles=LIFECYCLES.values()))
+    app = build_app(rt, tok, ServerConfig(model=ModelConfig(model="tiny", kv_blocks=64)), NAME)
+    async with TestServer(app, host="127.0.0.1", port=0) as server, TestClient(server) as http:
+        assert (await http.post("/pause_generation", json={"mode": "in_place"})).status == 200
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+        waiting = [asyncio.ensure_future(http.post("/generate", json=body)) for _ in range(2)]
+        await until(lambda: rt.stats().waiting == 2)
+        shed = await http.post("/generate", json=body)
+        assert shed.status == 503 and shed.headers["Retry-After"] == "1"
+        answer = await shed.json()
+        assert_error(answer)
+        err = answer["error"]
+        assert err["code"] == "server_overloaded" and "2 requests are waiting" in err["message"]
+        chat = await http.post("/v1/chat/completions", json={
+            "model": NAME, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+        assert chat.status == 503
+        assert (await http.get("/health")).status == 200
+        assert (await http.get("/health_generate")).status == 200      # paused: healthy, no probe
+        metrics = await (await http.get("/metrics")).text()
+        assert "actorserve_requests_shed_total 2.0" in metrics
+        assert (await http.post("/continue_generation", json={})).status == 200
+        assert [r.status for r in await asyncio.gather(*waiting)] == [200, 200]
+        assert (await http.post("/generate", json=body)).status == 200   # room again
+        await settle(rt)
+

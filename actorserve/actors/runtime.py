@@ -127,6 +127,7 @@ class ServerSnapshot:
     health: str                 # the HEALTH state: healthy | unhealthy
     health_reason: str
     stalls: int
+    shed: int = 0               # requests refused by admission control so far
 
     @property
     def paused(self) -> bool:
@@ -363,7 +364,7 @@ class Runtime:
         return self.engine.info
 
     def snapshot(self) -> ServerSnapshot:
-        return ServerSnapshot(**self.control_actor.snapshot())
+        return ServerSnapshot(**self.control_actor.snapshot(), shed=self.shed)
 
     @property
     def server_state(self) -> str:

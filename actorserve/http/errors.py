@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from ..actors.runtime import DuplicateRequestId
+from ..actors.runtime import DuplicateRequestId, Overloaded
 from ..engine.params import ParamError
 
 log = logging.getLogger("actorserve.http")
@@ -37,13 +37,15 @@ class APIError(Exception):
     """An error meant for the client, with its HTTP status."""
 
     def __init__(self, status: int, message: str, *, type: str | None = None,
-                 code: str | int | None = None, param: str | None = None) -> None:
+                 code: str | int | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
         self.code = code if code is not None else status
         self.param = param
+        self.headers = headers or {}      # e.g. Retry-After on a 503 from admission control
 
 
 def error_body(status: int, message: str, *, type: str | None = None, code: Any = None,
@@ -54,7 +56,7 @@ def error_body(status: int, message: str, *, type: str | None = None, code: Any 
 
 def error_response(err: APIError) -> web.Response:
     body = {"error": {"message": err.message, "type": err.type, "code": err.code, "param": err.param}}
-    return web.json_response(body, status=err.status)
+    return web.json_response(body, status=err.status, headers=err.headers or None)
 
 
 def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
@@ -72,6 +74,9 @@ def to_api_error(exc: BaseException) -> APIError | None:
     """Map a known client-side exception to an `APIError`; None when it is unexpected."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, Overloaded):       # admission control: come back later
+        return APIError(503, str(exc), type="server_overloaded", code="server_overloaded",
+                        headers={"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, json.JSONDecodeError):
         return APIError(400, f"request body is not valid JSON: {exc}")
     if isinstance(exc, ValidationError):

@@ -47,6 +47,9 @@ class _StatsCollector(Collector):
                                 value=st.prefix_hit_rate)
         yield GaugeMetricFamily(PREFIX + "server_paused", "1 while generation is paused",
                                 value=1.0 if self._snapshot().paused else 0.0)
+        yield CounterMetricFamily(PREFIX + "requests_shed", "Requests refused by admission "
+                                  "control (--max-queued-requests): 503 with Retry-After",
+                                  value=self._snapshot().shed)
         yield CounterMetricFamily(PREFIX + "step_isolations", "Failed model steps whose members "
                                   "were re-run in halves to find the cause", value=st.isolations)
         yield CounterMetricFamily(PREFIX + "isolated_failures", "Requests failed as the cause of a "

@@ -35,6 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watchdog-timeout", type=float, default=None, metavar="SECONDS",
                    help="mark the server unhealthy when work is pending and no model step "
                         "completes for this long (default: off)")
+    p.add_argument("--max-queued-requests", type=int, default=None, metavar="N",
+                   help="refuse a request (503 with Retry-After) when N already wait for a "
+                        "scheduler; health probes are never refused (default: unbounded)")
+    p.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                   help="abort every request this long after its arrival, finish_reason "
+                        "timeout (default: none)")
     p.add_argument("--debug-routes", action="store_true",
                    help="enable /debug/requests/{rid}, /debug/events (SSE) and /debug/diagram/{kind} "
                         "(behind --api-key when one is set)")
@@ -55,7 +61,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                           else args.embedding_model,
                           rerank_model=args.rerank_model, classify_model=args.classify_model),
         scheduler=SchedulerConfig(batch=BatchConfig(**batch_kw),
-                                  watchdog_timeout_s=getattr(args, "watchdog_timeout", None)),
+                                  watchdog_timeout_s=getattr(args, "watchdog_timeout", None),
+                                  max_queued_requests=getattr(args, "max_queued_requests", None),
+                                  request_timeout_s=getattr(args, "request_timeout", None)),
         recorder=RecorderConfig(path=args.record),
         debug_routes=bool(getattr(args, "debug_routes", False)))
 
