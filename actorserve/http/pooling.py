@@ -133,6 +133,8 @@ class PoolGroup:
         """Every request's pooled value, in submission order; an abort or failure is an error."""
         outs = await asyncio.gather(*(self._final(h) for h in self.handles))
         for out in outs:
+            if out.finish_reason == "timeout":
+                raise APIError(504, f"request {out.rid} exceeded its deadline", code="request_timeout")
             if out.finish_reason == "abort":   # a pooling request has no partial result to return
                 raise APIError(503, f"request {out.rid} was aborted"
                                + (f": {out.error}" if out.error else ""), code="request_aborted")
