@@ -43,7 +43,7 @@ async def test_beyond_the_queue_limit_requests_are_refused_and_probes_pass():
         rt.pool([5, 6], PoolingParams(task="score"))              # the same scheduler's queue
     probe = rt.generate([1], SamplingParams(max_new_tokens=1), is_probe=True)   # health passes
     assert rt.shed == 2
-    assert [e.event for e in rec.events(kind="admission")] == ["shed", "shed"]
+    assert [e.data["queued"] for e in rec.events(kind="input") if e.event == "shed"] == [3, 3]
     await rt.control(ContinueGeneration())
     outs = [await h.stream.final() for h in kept + [probe]]
     assert [o.finish_reason for o in outs] == ["length"] * 4

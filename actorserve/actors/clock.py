@@ -44,12 +44,13 @@ class LoopClock:
 
 
 class _ManualTimer:
-    __slots__ = ("when", "fn", "cancelled")
+    __slots__ = ("when", "fn", "cancelled", "label")
 
     def __init__(self, when: float, fn: Callable[[], None]) -> None:
         self.when = when
         self.fn = fn
         self.cancelled = False
+        self.label = ""            # the actor system's label (re-execution fires timers by it)
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -236,9 +236,9 @@ class Runtime:
         queued = len(sched.lane) + sched.mailbox.statistics().current_size
         if queued >= self.max_queued:
             self.shed += 1
-            if self.recorder is not None:
-                self.recorder.note("admission", "shed", data={"sched": sched.name, "queued": queued,
-                                                              "limit": self.max_queued})
+            if self.recorder is not None:     # an input: it came from outside, and changed nothing
+                self.recorder.input("shed", data={"sched": sched.name, "queued": queued,
+                                                  "limit": self.max_queued})
             per_step = max(1, sched.policy.config.max_num_seqs)
             raise Overloaded(queued, self.max_queued, max(1, min(30, queued // per_step)))
 

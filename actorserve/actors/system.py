@@ -245,7 +245,10 @@ class ActorSystem:
                 self.recorder.input("timer", data={"label": label})
             fn()
 
-        return self.clock.call_later(delay, fire)
+        timer = self.clock.call_later(delay, fire)
+        if hasattr(timer, "label"):
+            timer.label = label
+        return timer
 
     # -- supervision ---------------------------------------------------------------------------
     def child_failed(self, actor: Actor, message: Any, exc: BaseException) -> None:

@@ -290,6 +290,8 @@ class _Driver:
             self._keep(rt.control(msg) if e.event == "control" else rt.session(msg))
         elif e.event == "health_done":
             rt.health_done(d["record"], d["ok"], d["reason"])
+        elif e.event == "shed":      # refused at admission: it reached no actor
+            self.rec.input("shed", data=d)
         elif e.event == "delivered":
             assert e.rid is not None
             info = rt.request_info(e.rid)
@@ -300,7 +302,9 @@ class _Driver:
         elif e.event == "step_end":
             self._step_end(e, d)
         elif e.event == "timer":
-            if not self.clock.fire_next():
+            label = d.get("label")
+            fired = self.clock.fire_labelled(label) if label else self.clock.fire_next()
+            if not fired:
                 self._drifted(e)
         else:
             raise RecordingError(f"seq {e.seq}: unknown input {e.event!r}")

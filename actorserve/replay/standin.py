@@ -29,6 +29,18 @@ class ReplayClock(ManualClock):
         if t > self._now:
             self._now = t
 
+    def fire_labelled(self, label: str) -> bool:
+        """Fire the pending timer the recording names (the clock a handler read may have lagged
+        behind the live one, so deadlines alone could order two timers differently); False if
+        no pending timer has that label."""
+        for when, _, timer in sorted(self._heap, key=lambda h: (h[0], h[1])):
+            if not timer.cancelled and timer.label == label:
+                timer.cancelled = True          # it fires now, and never again
+                self.set_time(when)
+                timer.fn()
+                return True
+        return False
+
     def fire_next(self) -> bool:
         """Fire the earliest pending timer, whatever its deadline; False if there is none."""
         while self._heap:
