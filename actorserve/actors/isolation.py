@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable
 
+from ..messages import Failed
+
 
 def halves(batch: list[Any]) -> list[list[Any]]:
     mid = len(batch) // 2
@@ -57,3 +59,37 @@ class Isolation:
                 self.reruns += 1
                 return sub
         return None
+
+
+def step_failed_or_rerun(sched: Any, msg: Any) -> tuple[list[Any], list[Any] | None, BaseException | None] | None:
+    """The scheduler's side: a step failed, or an isolation's re-run came back (`msg`, a
+    `StepDone`). Starts the next re-run and returns None, or returns the step to apply once the
+    isolation is over (the original members, the re-runs' outputs)."""
+    iso = sched._isolation
+    rec = sched.system.recorder if sched.system is not None else None
+    if iso is None:
+        live = [(s, n) for s, n in msg.batch if sched._live(s)]
+        if len(live) <= 1:
+            return msg.batch, msg.outputs, msg.error      # nothing to tell apart
+        iso = sched._isolation = Isolation(live)
+        sched.isolations += 1
+        sched.fire("isolate")
+        if rec is not None:
+            rec.note("step", "isolate", data={
+                "sched": sched.name, "step": msg.step, "suspects": [s.rid for s, _ in live],
+                "error": f"{type(msg.error).__name__}: {msg.error}"})
+    else:
+        iso.result(msg.batch, msg.outputs, msg.error)
+    sub = iso.next(sched._live)
+    if sub is not None:
+        sched._run(sub)
+        return None
+    sched._isolation = None
+    for seq, err in iso.failed:
+        if sched._live(seq):
+            sched.isolated_failures += 1
+            if rec is not None:
+                rec.note("step", "isolated", rid=seq.rid, data={"sched": sched.name, "error": err})
+            sched._end(seq, sched._drop(seq.rid),
+                      Failed(seq.rid, f"model step failed on this request: {err}"))
+    return iso.batch, iso.outputs, None

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from ..engine.base import Engine
@@ -39,31 +38,12 @@ from ..messages import (
 )
 from ..statemachines import SCHEDULER, SchedulerState
 from .actor import Actor, handles
-from .isolation import Isolation
+from .isolation import Isolation, step_failed_or_rerun
+from .scheduler_stats import SchedulerStats, stats_of
 from .output import outputs_done
 from .scheduler_control import SchedulerControl
 
 K = SchedulerState
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerStats:
-    state: str
-    waiting: int
-    running: int
-    paused_mode: str | None
-    step_in_flight: bool
-    steps: int
-    live_requests: int
-    kv_used_blocks: int
-    kv_free_blocks: int
-    kv_cached_blocks: int
-    kv_usage: float
-    prefix_hit_rate: float
-    generated_tokens: int
-    prompt_tokens: int
-    isolations: int
-    isolated_failures: int
 
 
 class SchedulerActor(SchedulerControl):
@@ -337,36 +317,7 @@ class SchedulerActor(SchedulerControl):
                          wrap=outputs_done(msg.step))
 
     def _isolate(self, msg: StepDone) -> tuple[list[Any], list[Any] | None, BaseException | None] | None:
-        """A step failed, or an isolation's re-run came back (`isolation.py`). Returns the
-        step to apply once the isolation is over (None while a re-run is in flight)."""
-        iso = self._isolation
-        rec = self.system.recorder if self.system is not None else None
-        if iso is None:
-            live = [(s, n) for s, n in msg.batch if self._live(s)]
-            if len(live) <= 1:
-                return msg.batch, msg.outputs, msg.error      # nothing to tell apart
-            iso = self._isolation = Isolation(live)
-            self.isolations += 1
-            self.fire("isolate")
-            if rec is not None:
-                rec.note("step", "isolate", data={
-                    "sched": self.name, "step": msg.step, "suspects": [s.rid for s, _ in live],
-                    "error": f"{type(msg.error).__name__}: {msg.error}"})
-        else:
-            iso.result(msg.batch, msg.outputs, msg.error)
-        sub = iso.next(self._live)
-        if sub is not None:
-            self._run(sub)
-            return None
-        self._isolation = None
-        for seq, err in iso.failed:
-            if self._live(seq):
-                self.isolated_failures += 1
-                if rec is not None:
-                    rec.note("step", "isolated", rid=seq.rid, data={"sched": self.name, "error": err})
-                self._end(seq, self._drop(seq.rid),
-                          Failed(seq.rid, f"model step failed on this request: {err}"))
-        return iso.batch, iso.outputs, None
+        return step_failed_or_rerun(self, msg)
 
     @handles(OutputsDone)
     def _outputs_done(self, msg: OutputsDone) -> None:
@@ -439,15 +390,7 @@ class SchedulerActor(SchedulerControl):
 
     # -- introspection and teardown ------------------------------------------------------------
     def stats(self) -> SchedulerStats:
-        kv = self.bm.stats()
-        return SchedulerStats(
-            state=self.state.name, waiting=len(self.lane) + len(self.probe_lane), running=len(self.running),
-            paused_mode=self.paused_mode, step_in_flight=self.state in (K.stepping, K.pausing),
-            steps=self.step_id, live_requests=len(self.seqs), kv_used_blocks=kv.used_blocks,
-            kv_free_blocks=kv.free_blocks, kv_cached_blocks=kv.cached_free_blocks,
-            kv_usage=kv.usage, prefix_hit_rate=kv.hit_rate,
-            generated_tokens=self.generated_tokens, prompt_tokens=self.prompt_tokens,
-            isolations=self.isolations, isolated_failures=self.isolated_failures)
+        return stats_of(self)
 
     def on_stop(self) -> None:
         self._cancel_window()               # an open batching window no longer owes a step
