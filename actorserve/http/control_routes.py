@@ -10,7 +10,6 @@ request (e.g. flush while busy) is a 400 with the actor's reason.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
@@ -25,12 +24,7 @@ from .state import CTX
 
 
 async def _optional_json(request: web.Request) -> Any:
-    if not request.can_read_body:
-        return {}
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    return json.loads(raw)
+    return await read_json(request, optional=True)     # no body reads as {}
 
 
 def _answer(res: ControlResult) -> web.Response:

@@ -2,10 +2,13 @@
 
 Body: ``{"error": {"message", "type", "code", "param"}}``. Client mistakes are 4xx, never 500:
 
-* bad JSON, pydantic ``ValidationError``, ``ParamError``, ``ValueError`` (chat template,
-  tokenizer), ``DuplicateRequestId`` -> 400 ``invalid_request_error``
-* unknown model -> 404 ``model_not_found``; bad key -> 401; body too large -> 413;
-  server starting/draining/stopped -> 503
+* bad JSON (`safe_json`: too deep, NaN, lone surrogates, ...), pydantic ``ValidationError``,
+  ``ParamError``, ``ValueError`` (chat template, tokenizer), ``DuplicateRequestId`` -> 400
+  ``invalid_request_error``, with ``param`` naming the field where it is known (a pydantic
+  location as ``messages.0.content``; a `FieldError`'s own; else the field a ``ParamError``
+  message begins with, as in ``top_k must be ...``)
+* unknown model -> 404 ``model_not_found``; bad key -> 401; body too large -> 413; a body
+  that is not JSON by its Content-Type -> 415; server starting/draining/stopped -> 503
 * any other exception -> 500 with the same shape, logged with its traceback; if an SSE
   stream had already started, the error goes out as a last ``data:`` event instead.
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from aiohttp import web
@@ -30,7 +34,7 @@ SSE_KEY: web.RequestKey[web.StreamResponse] = web.RequestKey("actorserve_sse", w
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 503: "service_unavailable"}
+          415: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):
@@ -48,6 +52,14 @@ class APIError(Exception):
         self.headers = headers or {}      # e.g. Retry-After on a 503 from admission control
 
 
+class FieldError(ParamError):
+    """A client value out of range, naming the field (``param``) it was found in."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 def error_body(status: int, message: str, *, type: str | None = None, code: Any = None,
                param: str | None = None) -> dict[str, Any]:
     err = APIError(status, message, type=type, code=code, param=param)
@@ -59,15 +71,44 @@ def error_response(err: APIError) -> web.Response:
     return web.json_response(body, status=err.status, headers=err.headers or None)
 
 
+# pydantic names a union's member in the location (``stop.list[str]``, ``prompt.list[constrained-int].0``).
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+_LEADING_FIELD = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\]|\.\w+)*) (?:must|requires|is required)")
+
+
+def _is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and (part in _UNION_TAGS or "[" in part or part[:1].isupper()
+                                      or part.startswith(("constrained-", "function-")))
+
+
 def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    parts = []
-    param = None
-    for e in exc.errors(include_url=False)[:5]:
-        loc = ".".join(str(x) for x in e.get("loc", ()))
-        if param is None and loc:
-            param = loc
-        parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+    """One line for the client, and the field (``param``). A union's members each report; where
+    one of them has a specific complaint (a bound, a length), the field's "not a valid <type>"
+    reports from the other members are noise and are dropped."""
+    found = []
+    for e in exc.errors(include_url=False):
+        loc = [str(x) for x in e.get("loc", ()) if not _is_union_tag(x)]
+        found.append((".".join(loc), loc[0] if loc else "", str(e.get("type", "")).endswith("_type"),
+                      str(e.get("msg"))))
+    specific = {top for _, top, is_type, _ in found if not is_type}
+    by_loc: dict[str, list[str]] = {}
+    for loc, top, is_type, msg in sorted(found, key=lambda f: f[2]):       # stable: specific first
+        if is_type and top in specific:
+            continue
+        msgs = by_loc.setdefault(loc, [])
+        if msg not in msgs:
+            msgs.append(msg)
+    parts = [f"{loc}: {' or '.join(m)}" if loc else " or ".join(m) for loc, m in list(by_loc.items())[:5]]
+    param = next((loc for loc in by_loc if loc), None)
     return "; ".join(parts) or "invalid request", param
+
+
+def _param_of(exc: BaseException) -> str | None:
+    param = getattr(exc, "param", None)
+    if isinstance(param, str):
+        return param
+    m = _LEADING_FIELD.match(str(exc))
+    return re.sub(r"\[(\d+)\]", r".\1", m.group(1)) if m else None
 
 
 def to_api_error(exc: BaseException) -> APIError | None:
@@ -82,12 +123,12 @@ def to_api_error(exc: BaseException) -> APIError | None:
     if isinstance(exc, ValidationError):
         msg, param = _validation_message(exc)
         return APIError(400, msg, param=param)
-    if isinstance(exc, (ParamError, DuplicateRequestId)):
-        return APIError(400, str(exc))
-    if isinstance(exc, ValueError):      # chat template / tokenizer shape errors
-        return APIError(400, str(exc))
+    if isinstance(exc, DuplicateRequestId):
+        return APIError(400, str(exc), param="rid")
     if isinstance(exc, UnicodeDecodeError):
         return APIError(400, "request body is not UTF-8")
+    if isinstance(exc, ValueError):      # ParamError; chat template / tokenizer shape errors
+        return APIError(400, str(exc), param=_param_of(exc))
     return None
 
 

@@ -6,6 +6,10 @@ it for the metrics, and reads the outputs either merged per request (`collect_al
 interleaved as they come (`iterate`). It is an async context manager: leaving it for any reason
 (client disconnect, cancellation, an error) before a request's final output was read aborts
 that request at once, so its KV blocks are freed.
+
+The ``check_*`` helpers are the edge's checks that need the model (the vocabulary, the context
+size): a route runs them on every input before it submits the first, so a request is refused
+whole, with ``param`` naming the field, before any of it reaches the engine.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from .errors import APIError
 from .state import ServerContext
 
 MAX_N = 64                                      # choices per prompt
+MAX_REQUESTS = 1024                             # engine requests of one HTTP request (inputs x n)
 _BACKGROUND: set[asyncio.Task[None]] = set()   # drains of aborted streams (strong refs)
 
 
@@ -43,17 +48,40 @@ def check_accepting(ctx: ServerContext) -> None:
         raise APIError(503, f"server is {snap.state}; not accepting requests", code="server_unavailable")
 
 
-def check_prompt(ctx: ServerContext, ids: list[int]) -> None:
-    if not ids:
-        raise APIError(400, "the prompt is empty")
-    vocab = ctx.runtime.engine_info.vocab_size
-    bad = next((t for t in ids if not 0 <= t < vocab), None)
+def check_token_ids(ids: Any, vocab: int, param: str) -> None:
+    bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
     if bad is not None:
-        raise APIError(400, f"token id {bad} is out of range [0, {vocab})")
+        raise APIError(400, f"token id {ids[bad]} is out of range [0, {vocab})", param=f"{param}.{bad}")
+
+
+def check_prompt(ctx: ServerContext, ids: list[int], param: str = "prompt") -> None:
+    if not ids:
+        raise APIError(400, "the prompt is empty", param=param)
+    check_token_ids(ids, ctx.runtime.engine_info.vocab_size, param)
     cap = ctx.capacity
     if len(ids) >= cap:
         raise APIError(400, f"this model's maximum context length is {cap} tokens; the prompt has "
-                            f"{len(ids)} tokens, leaving no room to generate", code="context_length_exceeded")
+                            f"{len(ids)} tokens, leaving no room to generate",
+                       code="context_length_exceeded", param=param)
+
+
+def check_sampling(ctx: ServerContext, sp: SamplingParams, logit_bias: dict[str, Any] | None,
+                   prefix: str = "") -> None:
+    """What of the sampling parameters needs the vocabulary: stop token ids, logit_bias keys
+    (a token id as a decimal string; the values' range is the schema's)."""
+    vocab = ctx.runtime.engine_info.vocab_size
+    check_token_ids(sp.stop_token_ids, vocab, f"{prefix}stop_token_ids")
+    for key in logit_bias or ():
+        if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) < vocab):
+            raise APIError(400, f"logit_bias keys must be token ids in [0, {vocab}), got {key[:40]!r}",
+                           param=f"{prefix}logit_bias")
+
+
+def check_fanout(total: int, param: str = "n") -> None:
+    """Bound the engine requests one HTTP request makes (inputs x n)."""
+    if total > MAX_REQUESTS:
+        raise APIError(400, f"this request would make {total} generations (inputs x n); at most "
+                            f"{MAX_REQUESTS}", param=param)
 
 
 async def session_prompt(ctx: ServerContext, params: Any, new_ids: list[int], rid: str) -> list[int]:

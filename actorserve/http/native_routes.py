@@ -19,7 +19,10 @@ from aiohttp import web
 
 from . import sse
 from .errors import APIError
-from .generation import Job, RequestGroup, check_accepting, session_prompt, session_rid
+from .generation import (
+    Job, RequestGroup, check_accepting, check_fanout, check_prompt, check_sampling, check_token_ids,
+    session_prompt, session_rid,
+)
 from .schemas import DetokenizeRequest, GenerateRequest, TokenizeRequest, read_json
 from .state import CTX
 
@@ -43,9 +46,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in items]
     group = RequestGroup(ctx, "generate")
     params = []
-    for i, ids in enumerate(prompts):
+    field = "text" if body.text is not None else "input_ids"
+    for i, ids in enumerate(prompts):     # every input before the first is submitted
         ns = body.params_for(i, len(prompts))
         params.append(ns.to_params(128, logprobs=body.return_logprob, top=body.top_logprobs_num))
+        check_prompt(ctx, ids, f"{field}.{i}" if batch else field)
+        check_sampling(ctx, params[-1], ns.logit_bias,
+                       f"sampling_params.{i}." if isinstance(body.sampling_params, list) else "sampling_params.")
+    check_fanout(sum(sp.n for sp in params), "sampling_params.n")
     batch = batch or any(sp.n > 1 for sp in params)
     sess = body.session_params
     if sess is not None and (batch or not isinstance(body.rid, (str, type(None)))):
@@ -96,7 +104,7 @@ async def tokenize(request: web.Request) -> web.Response:
     else:
         text = body.text if body.text is not None else body.prompt
         if text is None:
-            raise ValueError("one of text, prompt or messages is required")
+            raise APIError(400, "one of text, prompt or messages is required", param="text")
         ids = ctx.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
     return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": ctx.capacity})
 
@@ -106,10 +114,8 @@ async def detokenize(request: web.Request) -> web.Response:
     body = DetokenizeRequest.model_validate(await read_json(request))
     ids = body.tokens if body.tokens is not None else body.input_ids
     if ids is None:
-        raise ValueError("tokens (or input_ids) is required")
-    vocab = ctx.tokenizer.vocab_size
-    if any(not 0 <= t < vocab for t in ids):
-        raise ValueError(f"token ids must be in [0, {vocab})")
+        raise APIError(400, "tokens (or input_ids) is required", param="tokens")
+    check_token_ids(ids, ctx.tokenizer.vocab_size, "tokens" if body.tokens is not None else "input_ids")
     return web.json_response({"text": ctx.tokenizer.decode(ids, skip_special_tokens=body.skip_special_tokens)})
 
 

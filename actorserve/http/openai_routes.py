@@ -19,7 +19,9 @@ from aiohttp import web
 from ..messages import RequestOutput
 from . import sse
 from .errors import APIError
-from .generation import RequestGroup, check_accepting, session_prompt, session_rid
+from .generation import (
+    RequestGroup, check_accepting, check_fanout, check_prompt, check_sampling, session_prompt, session_rid,
+)
 from .schemas import SessionParams
 from .schemas import ChatCompletionRequest, CompletionRequest, read_json
 from .state import CTX, ServerContext
@@ -110,6 +112,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if sess is not None and body.n != 1:
         raise APIError(400, "a session request takes n = 1", param="n")
     sp = body.sampling(group.default_max(ids))     # validates before a session is joined
+    check_prompt(ctx, ids, "messages")
+    check_sampling(ctx, sp, body.logit_bias)
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     async with group:
@@ -176,6 +180,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
     group = RequestGroup(ctx, "completion")
     params = [body.sampling(group.default_max(ids)) for ids in prompts]
+    for i, ids in enumerate(prompts):     # every prompt before the first is submitted
+        check_prompt(ctx, ids, "prompt" if isinstance(body.prompt, str) or len(prompts) == 1 else f"prompt.{i}")
+    check_sampling(ctx, params[0], body.logit_bias)
+    check_fanout(len(prompts) * params[0].n)
     cid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     echo = [ctx.tokenizer.decode(ids) if body.echo else "" for ids in prompts]

@@ -19,46 +19,49 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import StrictBool, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from ..engine.params import ParamError, PoolingParams
+from ..engine.params import PoolingParams
 from .errors import APIError
-from .generation import check_accepting
+from .generation import check_accepting, check_token_ids
 from .pooling import (
     DEFAULT_EMBEDDING_ALIAS, PoolGroup, check_ids, loaded, pack_base64, require,
     softmax, word_token_ids,
 )
-from .schemas import _Body, read_json
+from .schemas import INT32_MAX, TokenIds, _Body, read_json
 from .state import CTX, ServerContext
 
 JUDGE_SYSTEM = ('Judge whether the Document answers the Query. Note that the answer can only be '
                 '"yes" or "no".')
 DEFAULT_LABELS = ("negative", "positive")
-MAX_INPUTS = 2048
+MAX_INPUTS = 2048          # inputs, items, documents of one request (OpenAI's embeddings bound)
+MAX_LABELS = 1024          # label_token_ids, label words
 
-TextOrIds = StrictStr | list[StrictInt]
+TextOrIds = StrictStr | TokenIds
+Texts = Annotated[list[StrictStr], Field(max_length=MAX_INPUTS)]
+IdsList = Annotated[list[TokenIds], Field(max_length=MAX_INPUTS)]
 
 
 class EmbeddingRequest(_Body):
-    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    input: StrictStr | Texts | TokenIds | IdsList
     model: StrictStr | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = None
+    dimensions: StrictInt | None = Field(default=None, ge=1, le=INT32_MAX)
     user: StrictStr | None = None
 
 
 class EncodeRequest(_Body):
-    text: StrictStr | list[StrictStr] | None = None
-    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+    text: StrictStr | Texts | None = None
+    input_ids: TokenIds | IdsList | None = None
 
 
 class ScoreRequest(_Body):
     query: TextOrIds
-    items: TextOrIds | list[TextOrIds]
-    label_token_ids: list[StrictInt]
+    items: TextOrIds | Annotated[list[TextOrIds], Field(max_length=MAX_INPUTS)]
+    label_token_ids: Annotated[TokenIds, Field(min_length=1, max_length=MAX_LABELS)]
     apply_softmax: StrictBool = False
     item_first: StrictBool = False
     model: StrictStr | None = None
@@ -66,27 +69,33 @@ class ScoreRequest(_Body):
 
 class RerankRequest(_Body):
     query: StrictStr
-    documents: list[StrictStr | dict[str, Any]]
-    top_n: StrictInt | None = None
+    documents: Annotated[list[StrictStr | dict[str, Any]], Field(max_length=MAX_INPUTS)]
+    top_n: StrictInt | None = Field(default=None, ge=1, le=INT32_MAX)
     return_documents: StrictBool = True
     model: StrictStr | None = None
 
 
 class ClassifyRequest(_Body):
-    input: StrictStr | list[StrictStr]
+    input: StrictStr | Texts
     model: StrictStr | None = None
-    labels: list[StrictStr] | None = None      # label words for the label-token classifier
+    # label words for the label-token classifier
+    labels: Annotated[list[StrictStr], Field(max_length=MAX_LABELS)] | None = None
 
 
 def _usage(n: int) -> dict[str, int]:
     return {"prompt_tokens": n, "total_tokens": n}
 
 
-def _count(inputs: list[Any]) -> None:
+def _count(inputs: list[Any], param: str) -> None:
     if not inputs:
-        raise APIError(400, "the input is empty")
+        raise APIError(400, "the input is empty", param=param)
     if len(inputs) > MAX_INPUTS:
-        raise APIError(400, f"at most {MAX_INPUTS} inputs per request, got {len(inputs)}")
+        raise APIError(400, f"at most {MAX_INPUTS} inputs per request, got {len(inputs)}", param=param)
+
+
+def _where(param: str, i: int, n: int, single: bool) -> str:
+    """The ``param`` of input ``i`` of ``n``: the field itself for a lone input."""
+    return param if single and n == 1 else f"{param}.{i}"
 
 
 # -- embeddings --------------------------------------------------------------------------------
@@ -99,12 +108,19 @@ def _embed_inputs(raw: Any) -> list[str | list[int]]:
 
 
 async def _embed(ctx: ServerContext, inputs: list[str | list[int]], dimensions: int | None,
-                 what: str) -> tuple[list[list[float]], int, str]:
+                 what: str, param: str, single: bool) -> tuple[list[list[float]], int, str]:
     pm = require(ctx, "embed", what)
-    _count(inputs)
+    _count(inputs, param)
+    vocab = pm.engine.info.vocab_size
+    for i, x in enumerate(inputs):       # an empty string would embed [CLS] [SEP] alone
+        where = _where(param, i, len(inputs), single)
+        if not x:
+            raise APIError(400, "an input is empty (an empty string or list)", param=where)
+        if not isinstance(x, str):
+            check_token_ids(x, vocab, where)
     ids = [pm.encode(x) if isinstance(x, str) else x for x in inputs]
     for one in ids:
-        check_ids(one, pm.engine.info.vocab_size, pm.max_tokens)
+        check_ids(one, vocab, pm.max_tokens)
     params = PoolingParams(task="embed", normalize=True, dimensions=dimensions)
     check_accepting(ctx)
     async with PoolGroup(ctx, "embeddings") as group:
@@ -121,9 +137,9 @@ async def embeddings(request: web.Request) -> web.Response:
     if body.model not in (None, "", pm.name, DEFAULT_EMBEDDING_ALIAS):
         raise APIError(404, f"the model {body.model!r} does not exist; embeddings are served by "
                             f"{pm.name!r} (also {DEFAULT_EMBEDDING_ALIAS!r})", code="model_not_found")
-    if body.dimensions is not None and body.dimensions < 1:
-        raise ParamError(f"dimensions must be >= 1, got {body.dimensions}")
-    vecs, n, name = await _embed(ctx, _embed_inputs(body.input), body.dimensions, "/v1/embeddings")
+    single = isinstance(body.input, str) or bool(body.input and isinstance(body.input[0], int))
+    vecs, n, name = await _embed(ctx, _embed_inputs(body.input), body.dimensions, "/v1/embeddings",
+                                 "input", single)
     data = [{"object": "embedding", "index": i,
              "embedding": pack_base64(v) if body.encoding_format == "base64" else v}
             for i, v in enumerate(vecs)]
@@ -135,11 +151,12 @@ async def encode(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = EncodeRequest.model_validate(await read_json(request))
     if (body.text is None) == (body.input_ids is None):
-        raise ParamError("exactly one of text or input_ids is required")
+        raise APIError(400, "exactly one of text or input_ids is required", param="text")
     raw = body.text if body.text is not None else body.input_ids
     batch = isinstance(raw, list) and not (raw and all(isinstance(x, int) for x in raw))
     inputs = _embed_inputs(raw)
-    vecs, _, _ = await _embed(ctx, inputs, None, "/encode")
+    vecs, _, _ = await _embed(ctx, inputs, None, "/encode", "text" if body.text is not None else "input_ids",
+                              not batch)
     out = [{"embedding": v, "meta_info": {"prompt_tokens": None}} for v in vecs]
     return web.json_response(out if batch else out[0])
 
@@ -167,15 +184,17 @@ async def score(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = ScoreRequest.model_validate(await read_json(request))
     items = body.items
-    if isinstance(items, str) or (items and all(isinstance(x, int) for x in items)):
+    single = isinstance(items, str) or bool(items and all(isinstance(x, int) for x in items))
+    if single:
         items = [items]
-    _count(list(items))
-    if not body.label_token_ids:
-        raise ParamError("label_token_ids must not be empty")
+    _count(list(items), "items")
     vocab = ctx.runtime.engine_info.vocab_size
-    bad = next((t for t in body.label_token_ids if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise APIError(400, f"label token id {bad} is out of range [0, {vocab})", param="label_token_ids")
+    check_token_ids(body.label_token_ids, vocab, "label_token_ids")
+    if not isinstance(body.query, str):
+        check_token_ids(body.query, vocab, "query")
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            check_token_ids(item, vocab, _where("items", i, len(items), single))
     prompts = []
     for item in items:
         first, second = (item, body.query) if body.item_first else (body.query, item)
@@ -187,22 +206,21 @@ async def score(request: web.Request) -> web.Response:
 
 
 # -- rerank --------------------------------------------------------------------------------------
-def _doc_text(doc: str | dict[str, Any]) -> str:
+def _doc_text(doc: str | dict[str, Any], i: int) -> str:
     if isinstance(doc, str):
         return doc
     text = doc.get("text")
     if not isinstance(text, str):
-        raise ParamError("each document must be a string or an object with a string 'text'")
+        raise APIError(400, "each document must be a string or an object with a string 'text'",
+                       param=f"documents.{i}")
     return text
 
 
 async def rerank(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = RerankRequest.model_validate(await read_json(request))
-    docs = [_doc_text(d) for d in body.documents]
-    _count(docs)
-    if body.top_n is not None and body.top_n < 1:
-        raise ParamError(f"top_n must be >= 1, got {body.top_n}")
+    docs = [_doc_text(d, i) for i, d in enumerate(body.documents)]
+    _count(docs, "documents")
     cross = loaded(ctx, "rerank")
     if cross is not None:
         pairs = [cross.encode(body.query, d) for d in docs]
@@ -251,7 +269,7 @@ async def classify(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = ClassifyRequest.model_validate(await read_json(request))
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
-    _count(texts)
+    _count(texts, "input")
     clf = loaded(ctx, "classify")
     if clf is not None and body.labels is None:
         ids = [clf.encode(t) for t in texts]
@@ -264,7 +282,7 @@ async def classify(request: web.Request) -> web.Response:
     else:
         labels = list(body.labels or DEFAULT_LABELS)
         if len(labels) < 2:
-            raise ParamError("labels needs at least two label words")
+            raise APIError(400, "labels needs at least two label words", param="labels")
         groups = [word_token_ids(ctx, [w]) for w in labels]
         flat = [t for g in groups for t in g]
         if any(not g for g in groups) or len(flat) != len(set(flat)):

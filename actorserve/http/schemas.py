@@ -5,28 +5,69 @@ OpenAI: `ChatCompletionRequest`, `CompletionRequest` (``max_tokens`` / ``max_com
 ``stream_options.include_usage``). Native (SGLang): `GenerateRequest` (text | input_ids, single
 or list = batch, ``sampling_params``, ``stream``, ``rid``), tokenize / detokenize and the
 control bodies. Unknown fields are ignored (clients send vendor extras), wrong types are 400s.
-Range checks live in `SamplingParams` itself (`ParamError`), so there is one source of truth.
-`read_json` reads a body (within the app's size limit; bad JSON raises for a 400).
+
+Validation at the edge, in two layers, each a 400 naming the field (``param``):
+
+* here, what a value alone decides: each field's range is a constraint on its type (the
+  `Annotated` aliases below; they also appear in any schema generated from these models), list
+  sizes are bounded (`MAX_BATCH` inputs, `MAX_MESSAGES`, `MAX_STOP` stop strings of at most
+  `MAX_STOP_CHARS`), ids are 32-bit, seeds 64-bit; `SamplingParams` then checks the rest
+  (``top_k != 0``; `ParamError`) as the engine's own source of truth;
+* in `generation` (``check_*``), what needs the model: token ids within the vocabulary, a
+  prompt within the context, ``logit_bias`` keys, inputs × ``n`` per request.
+
+`read_json` (from `safe_json`) reads a body: within the size limit, depth-limited, no NaN, no
+lone surrogates, an object.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from ..engine.params import ParamError, SamplingParams
+from ..engine.params import SamplingParams
+from .errors import FieldError
+from .safe_json import read_json
+
+__all__ = ["read_json"]      # re-exported: the routes read bodies through here
+
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1        # a seed: what torch.Generator and vLLM take
+MAX_BATCH = 1024           # inputs of one /generate or /v1/completions request
+MAX_MESSAGES = 2048        # chat messages
+MAX_STOP = 16              # stop strings (OpenAI allows 4)
+MAX_STOP_CHARS = 512       # characters of one stop string
+MAX_STOP_TOKEN_IDS = 1024
+MAX_ID_CHARS = 256         # a rid, a session id
+MAX_TOP_LOGPROBS = 20      # OpenAI's top_logprobs bound; completions' logprobs as vLLM (OpenAI: 5)
+MAX_TEMPERATURE = 100.0    # OpenAI: 2; vLLM and SGLang: none
+MAX_TIMEOUT_S = 3600.0     # /flush_cache's wait
+MAX_SESSION_TIMEOUT_S = 30 * 86400.0
 
 Number = Union[StrictInt, StrictFloat]
-
-
-async def read_json(request: web.Request) -> Any:
-    raw = await request.read()          # raises 413 past client_max_size
-    if not raw.strip():
-        raise ParamError("request body is empty; expected a JSON object")
-    return json.loads(raw)
+Seed = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
+MaxTokens = Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]   # 0 would still produce one token
+Temperature = Annotated[Number, Field(ge=0, le=MAX_TEMPERATURE)]
+TopP = Annotated[Number, Field(gt=0, le=1)]
+TopK = Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)]       # -1 = off; 0 is refused by SamplingParams
+MinP = Annotated[Number, Field(ge=0, le=1)]
+RepetitionPenalty = Annotated[Number, Field(gt=0, le=2)]      # SGLang's bound
+Penalty = Annotated[Number, Field(ge=-2, le=2)]               # frequency / presence (OpenAI)
+ChoiceCount = Annotated[StrictInt, Field(ge=1, le=64)]        # n (generation.MAX_N)
+TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)]
+TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]     # the vocabulary bound needs the model
+TokenIds = list[TokenId]
+StopStr = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]
+Stop = Union[StopStr, Annotated[list[StopStr], Field(max_length=MAX_STOP)]]
+StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]
+Id = Annotated[StrictStr, Field(max_length=MAX_ID_CHARS)]
+Messages = Annotated[list[dict[str, Any]], Field(min_length=1, max_length=MAX_MESSAGES)]
+# token id (as a string) -> bias; the keys are checked against the vocabulary in `generation`
+LogitBias = dict[StrictStr, Annotated[Number, Field(ge=-100, le=100)]]
+StrBatch = Annotated[list[StrictStr], Field(max_length=MAX_BATCH)]
+IdsBatch = Annotated[list[TokenIds], Field(max_length=MAX_BATCH)]
+IdBatch = Annotated[list[Id], Field(max_length=MAX_BATCH)]
 
 
 class _Body(BaseModel):
@@ -39,33 +80,34 @@ class StreamOptions(_Body):
 
 class SessionParams(_Body):
     """SGLang's ``session_params``: continue a session's chain (see `actors.session`)."""
-    id: StrictStr
-    rid: StrictStr | None = None
-    offset: StrictInt | None = Field(default=None, ge=0)
+    id: Id
+    rid: Id | None = None
+    offset: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
     replace: StrictBool = False
     drop_previous_output: StrictBool = False
 
 
 class _OpenAICommon(_Body):
     model: StrictStr | None = None
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
-    temperature: Number | None = None
-    top_p: Number | None = None
-    top_k: StrictInt | None = None
-    min_p: Number | None = None
-    repetition_penalty: Number | None = None
-    frequency_penalty: Number | None = None
-    presence_penalty: Number | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-    stop_token_ids: list[StrictInt] | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    stop: Stop | None = None
+    stop_token_ids: StopTokenIds | None = None
+    logit_bias: LogitBias | None = None          # validated; not applied by the engine (yet)
     ignore_eos: StrictBool = False
-    seed: StrictInt | None = None
-    n: StrictInt = 1
+    seed: Seed | None = None
+    n: ChoiceCount = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
-    rid: StrictStr | None = None
+    rid: Id | None = None
     skip_special_tokens: StrictBool = True
 
     @property
@@ -90,23 +132,23 @@ class _OpenAICommon(_Body):
 
 
 class ChatCompletionRequest(_OpenAICommon):
-    messages: list[dict[str, Any]]
+    messages: Messages
     session_params: SessionParams | None = None
-    session_id: StrictStr | None = None          # shorthand for session_params {id}
+    session_id: Id | None = None                 # shorthand for session_params {id}
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: TopLogprobs | None = None
 
     def sampling(self, default_max: int) -> SamplingParams:
         mt = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         top = self.top_logprobs or 0
         if top and not self.logprobs:
-            raise ParamError("top_logprobs requires logprobs: true")
+            raise FieldError("top_logprobs", "top_logprobs requires logprobs: true")
         return SamplingParams(**self._base(mt, default_max, self.logprobs, top))
 
 
 class CompletionRequest(_OpenAICommon):
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
-    logprobs: StrictInt | None = None
+    prompt: StrictStr | StrBatch | TokenIds | IdsBatch
+    logprobs: TopLogprobs | None = None
     echo: StrictBool = False
     suffix: StrictStr | None = None
 
@@ -115,7 +157,7 @@ class CompletionRequest(_OpenAICommon):
         if isinstance(p, str):
             return [p]
         if not p:
-            raise ParamError("prompt must not be empty")
+            raise FieldError("prompt", "prompt must not be empty")
         if all(isinstance(x, int) for x in p):
             return [list(p)]          # one prompt of token ids
         return list(p)
@@ -123,8 +165,6 @@ class CompletionRequest(_OpenAICommon):
     def sampling(self, default_max: int) -> SamplingParams:
         mt = self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
         lp = self.logprobs
-        if lp is not None and not 0 <= lp <= 20:
-            raise ParamError(f"logprobs must be in [0, 20], got {lp}")
         return SamplingParams(**self._base(mt, default_max, lp is not None, lp or 0))
 
 
@@ -132,20 +172,21 @@ class CompletionRequest(_OpenAICommon):
 
 
 class NativeSampling(_Body):
-    max_new_tokens: StrictInt | None = None
-    temperature: Number = 1.0
-    top_p: Number = 1.0
-    top_k: StrictInt = -1
-    min_p: Number = 0.0
-    repetition_penalty: Number = 1.0
-    frequency_penalty: Number = 0.0
-    presence_penalty: Number = 0.0
-    stop: StrictStr | list[StrictStr] | None = None
-    stop_token_ids: list[StrictInt] | None = None
+    max_new_tokens: MaxTokens | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = -1
+    min_p: MinP = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    stop: Stop | None = None
+    stop_token_ids: StopTokenIds | None = None
+    logit_bias: LogitBias | None = None          # validated; not applied by the engine (yet)
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
-    n: StrictInt = 1
-    seed: StrictInt | None = None
+    n: ChoiceCount = 1
+    seed: Seed | None = None
 
     def to_params(self, default_max: int = 128, *, logprobs: bool = False, top: int = 0) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -160,39 +201,39 @@ class NativeSampling(_Body):
 
 
 class GenerateRequest(_Body):
-    text: StrictStr | list[StrictStr] | None = None
-    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
-    sampling_params: NativeSampling | list[NativeSampling] = Field(default_factory=NativeSampling)
+    text: StrictStr | StrBatch | None = None
+    input_ids: TokenIds | IdsBatch | None = None
+    sampling_params: NativeSampling | Annotated[list[NativeSampling], Field(max_length=MAX_BATCH)] = Field(default_factory=NativeSampling)
     stream: StrictBool = False
-    rid: StrictStr | list[StrictStr] | None = None
+    rid: Id | IdBatch | None = None
     return_logprob: StrictBool = False
-    top_logprobs_num: StrictInt = 0
+    top_logprobs_num: TopLogprobs = 0
     session_params: SessionParams | None = None
 
     def items(self) -> tuple[list[str | list[int]], bool]:
         """The prompts, and whether the request is a batch (list in, list out)."""
         if (self.text is None) == (self.input_ids is None):
-            raise ParamError("exactly one of text or input_ids is required")
+            raise FieldError("text", "exactly one of text or input_ids is required")
         if self.text is not None:
             if isinstance(self.text, str):
                 return [self.text], False
             if not self.text:
-                raise ParamError("text must not be an empty list")
+                raise FieldError("text", "text must not be an empty list")
             return list(self.text), True
         ids = self.input_ids or []
         if not ids:
-            raise ParamError("input_ids must not be empty")
+            raise FieldError("input_ids", "input_ids must not be empty")
         if all(isinstance(x, int) for x in ids):
             return [list(ids)], False
         if not all(isinstance(x, list) for x in ids):
-            raise ParamError("input_ids must be a list of ints or a list of lists of ints")
+            raise FieldError("input_ids", "input_ids must be a list of ints or a list of lists of ints")
         return [list(x) for x in ids], True
 
     def params_for(self, i: int, n_items: int) -> NativeSampling:
         sp = self.sampling_params
         if isinstance(sp, list):
             if len(sp) != n_items:
-                raise ParamError(f"sampling_params has {len(sp)} entries for {n_items} inputs")
+                raise FieldError("sampling_params", f"sampling_params has {len(sp)} entries for {n_items} inputs")
             return sp[i]
         return sp
 
@@ -204,7 +245,7 @@ class GenerateRequest(_Body):
                 return f"{self.rid}-{i}"
             return self.rid
         if len(self.rid) != n_items:
-            raise ParamError(f"rid has {len(self.rid)} entries for {n_items} inputs")
+            raise FieldError("rid", f"rid has {len(self.rid)} entries for {n_items} inputs")
         return self.rid[i]
 
 
@@ -212,19 +253,19 @@ class TokenizeRequest(_Body):
     model: StrictStr | None = None
     text: StrictStr | None = None
     prompt: StrictStr | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: Messages | None = None
     add_special_tokens: StrictBool = True
 
 
 class DetokenizeRequest(_Body):
     model: StrictStr | None = None
-    tokens: list[StrictInt] | None = None
-    input_ids: list[StrictInt] | None = None
+    tokens: TokenIds | None = None
+    input_ids: TokenIds | None = None
     skip_special_tokens: StrictBool = False
 
 
 class AbortBody(_Body):
-    rid: StrictStr | None = None
+    rid: Id | None = None
     prefix: StrictBool = False
     abort_all: StrictBool = False
 
@@ -234,14 +275,14 @@ class PauseBody(_Body):
 
 
 class FlushBody(_Body):
-    timeout_s: Number | None = Field(default=None, ge=0)
+    timeout_s: Number | None = Field(default=None, ge=0, le=MAX_TIMEOUT_S)
 
 
 class OpenSessionBody(_Body):
-    session_id: StrictStr | None = None
-    capacity_of_str_len: StrictInt | None = None
-    timeout: Number | None = None
+    session_id: Id | None = None
+    capacity_of_str_len: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
+    timeout: Number | None = Field(default=None, gt=0, le=MAX_SESSION_TIMEOUT_S)
 
 
 class CloseSessionBody(_Body):
-    session_id: StrictStr
+    session_id: Id
