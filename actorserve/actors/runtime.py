@@ -242,6 +242,11 @@ class Runtime:
             per_step = max(1, sched.policy.config.max_num_seqs)
             raise Overloaded(queued, self.max_queued, max(1, min(30, queued // per_step)))
 
+    def admit(self, target: str | None = None) -> None:
+        """Admission control up front (raises `Overloaded`): the HTTP layer asks before it
+        spends time on a request (chat template, tokenizing) that would be refused anyway."""
+        self._admit(self.scheduler if target is None else self.pool_schedulers[target], False)
+
     def _deadline(self, deadline_s: float | None, is_probe: bool) -> float | None:
         if deadline_s is not None:
             if not deadline_s > 0:

@@ -48,6 +48,12 @@ def check_accepting(ctx: ServerContext) -> None:
         raise APIError(503, f"server is {snap.state}; not accepting requests", code="server_unavailable")
 
 
+def check_admission(ctx: ServerContext) -> None:
+    """Refuse a generation request (503 + Retry-After) before any work is spent on it when the
+    queue is full; the runtime checks again at submission."""
+    ctx.runtime.admit()
+
+
 def check_token_ids(ids: Any, vocab: int, param: str) -> None:
     bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
     if bad is not None:

@@ -20,7 +20,7 @@ from aiohttp import web
 from . import sse
 from .errors import APIError
 from .generation import (
-    Job, RequestGroup, check_accepting, check_fanout, check_prompt, check_sampling, check_token_ids,
+    Job, RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling, check_token_ids,
     session_prompt, session_rid,
 )
 from .schemas import DetokenizeRequest, GenerateRequest, TokenizeRequest, read_json
@@ -42,6 +42,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CTX]
     body = GenerateRequest.model_validate(await read_json(request))
     check_accepting(ctx)
+    check_admission(ctx)
     items, batch = body.items()
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in items]
     group = RequestGroup(ctx, "generate")

@@ -20,7 +20,7 @@ from ..messages import RequestOutput
 from . import sse
 from .errors import APIError
 from .generation import (
-    RequestGroup, check_accepting, check_fanout, check_prompt, check_sampling, session_prompt, session_rid,
+    RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling, session_prompt, session_rid,
 )
 from .schemas import SessionParams
 from .schemas import ChatCompletionRequest, CompletionRequest, read_json
@@ -106,6 +106,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = ChatCompletionRequest.model_validate(await read_json(request))
     model = resolve_model(ctx, body.model)
     check_accepting(ctx)
+    check_admission(ctx)
     ids = ctx.tokenizer.apply_chat_template(body.messages)
     group = RequestGroup(ctx, "chat")
     sess = body.session_params or (SessionParams(id=body.session_id) if body.session_id else None)
@@ -177,6 +178,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = CompletionRequest.model_validate(await read_json(request))
     model = resolve_model(ctx, body.model)
     check_accepting(ctx)
+    check_admission(ctx)
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
     group = RequestGroup(ctx, "completion")
     params = [body.sampling(group.default_max(ids)) for ids in prompts]
