@@ -1,7 +1,7 @@
 """Overload: N concurrent chats against `--max-queued-requests`, and /health under that load.
 
-Starts the server in-process on 127.0.0.1 (an ephemeral port) with the chosen model and
-admission control, fires ``--requests`` chat completions at once (``--max-tokens`` each, greedy,
+Starts `actorserve serve` as a subprocess on 127.0.0.1 (a free port) with the chosen model and
+admission control (the client must not share the server's event loop), fires ``--requests`` chat completions at once (``--max-tokens`` each, greedy,
 ``ignore_eos``) with aiohttp, and meanwhile polls ``/health`` and ``/health_generate`` every
 50 ms. Each chat ends as accepted (200) or shed (503 with Retry-After); nothing else is
 expected. Then it checks the server holds no request and no KV block, and serves one more
@@ -20,6 +20,10 @@ import argparse
 import asyncio
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -29,9 +33,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import aiohttp  # noqa: E402
 
-from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig  # noqa: E402
-from actorserve.engine.batching import BatchConfig  # noqa: E402
-from actorserve.http.server import build_runtime, serve_async  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -39,7 +40,12 @@ def pct(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))] if v else float("nan")
 
 
-async def measure(url: str, rt: Any, args: argparse.Namespace) -> dict[str, Any]:
+async def server_info(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.get(f"{url}/server_info") as r:
+        return await r.json()
+
+
+async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=args.timeout)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
@@ -80,11 +86,10 @@ async def measure(url: str, rt: Any, args: argparse.Namespace) -> dict[str, Any]
         done.set()
         await poller
         for _ in range(200):                  # the server settles: nothing held
-            st = rt.stats()
-            if st.live_requests == 0 and st.kv_used_blocks == 0 and not rt.live_actors():
+            st = (await server_info(http, url))["scheduler"]
+            if st["live_requests"] == 0 and st["kv_used_blocks"] == 0:
                 break
             await asyncio.sleep(0.05)
-        st = rt.stats()
         async with http.post(f"{url}/v1/chat/completions", json={
                 "model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}) as r:
             after = r.status
@@ -100,22 +105,31 @@ async def measure(url: str, rt: Any, args: argparse.Namespace) -> dict[str, Any]
         "health_p50_ms": round(pct(health, 0.5) * ms, 2), "health_p99_ms": round(pct(health, 0.99) * ms, 2),
         "health_max_ms": round(max(health) * ms, 2) if health else None, "health_polls": len(health),
         "health_generate_p99_ms": round(pct(probes, 0.99) * ms, 1),
-        "held_after": {"live": st.live_requests, "kv_blocks": st.kv_used_blocks},
+        "held_after": {"live": st["live_requests"], "kv_blocks": st["kv_used_blocks"]},
         "chat_after": after, "wall_s": round(wall, 2),
     }
 
 
-async def run(config: ServerConfig, built: Any, args: argparse.Namespace) -> dict[str, Any]:
-    stop = asyncio.Event()
-    ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    task = asyncio.ensure_future(serve_async(config, built=built, stop=stop,
-                                             on_ready=lambda u: ready.set_result(u)))
-    try:
-        url = await asyncio.wait_for(asyncio.shield(ready), 120)
-        return await measure(url, built.runtime, args)
-    finally:
-        stop.set()
-        await task
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def wait_up(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    end = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}")
+            try:
+                async with http.get(f"{url}/health") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.3)
+    raise TimeoutError("server did not come up")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,13 +141,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args(argv)
-    config = ServerConfig(host="127.0.0.1", port=0,
-                          model=ModelConfig(model=args.model, embedding_model=None,
-                                            kv_blocks=(args.max_num_seqs + 8) * (args.max_tokens // 16 + 4)),
-                          scheduler=SchedulerConfig(batch=BatchConfig(max_num_seqs=args.max_num_seqs),
-                                                    max_queued_requests=args.max_queued))
-    built = build_runtime(config)
-    print(json.dumps({"model": built.served_name, **asyncio.run(run(config, built, args))}))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    blocks = (args.max_num_seqs + 8) * (args.max_tokens // 16 + 4)
+    proc = subprocess.Popen([sys.executable, "-m", "actorserve.cli", "serve", "--model", args.model,
+                             "--host", "127.0.0.1", "--port", str(port), "--embedding-model", "none",
+                             "--kv-blocks", str(blocks), "--max-num-seqs", str(args.max_num_seqs),
+                             "--max-queued-requests", str(args.max_queued)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        asyncio.run(wait_up(url, proc))
+        result = asyncio.run(measure(url, args))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    print(json.dumps({"model": args.model, **result, "server_rc": proc.returncode}))
     return 0
 
 
