@@ -126,3 +126,22 @@ async def test_over_http_a_shed_request_is_503_with_retry_after_and_health_still
         assert (await http.post("/generate", json=body)).status == 200   # room again
         await settle(rt)
 
+
+
+async def test_over_http_a_request_timeout_field_ends_the_request_with_finish_reason_timeout():
+    from http_support import NAME, load_tiny, serve, settle
+
+    async with serve(load_tiny()) as (http, rt):
+        assert (await http.post("/pause_generation", json={"mode": "in_place"})).status == 200
+        r = http.post("/v1/chat/completions", json={
+            "model": NAME, "messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
+            "request_timeout": 0.2})
+        g = http.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 5},
+                                         "request_timeout": 0.2})
+        chat, gen = await asyncio.gather(r, g)
+        assert chat.status == 200 and (await chat.json())["choices"][0]["finish_reason"] == "timeout"
+        assert (await gen.json())["meta_info"]["finish_reason"]["type"] == "timeout"
+        bad = await http.post("/generate", json={"text": "x", "request_timeout": -1})
+        assert bad.status == 400 and (await bad.json())["error"]["param"] == "request_timeout"
+        assert (await http.post("/continue_generation", json={})).status == 200
+        await settle(rt)

@@ -111,9 +111,10 @@ def session_rid(rid: str | None) -> str:
 
 
 class RequestGroup:
-    def __init__(self, ctx: ServerContext, kind: str) -> None:
+    def __init__(self, ctx: ServerContext, kind: str, *, deadline_s: float | None = None) -> None:
         self.ctx = ctx
         self.kind = kind
+        self.deadline_s = deadline_s      # the request's own deadline (else the server's)
         self.jobs: list[Job] = []
 
     def default_max(self, ids: list[int]) -> int:
@@ -126,7 +127,8 @@ class RequestGroup:
         try:
             check_prompt(self.ctx, ids)
             timer = self.ctx.metrics.timer(self.kind) if self.ctx.metrics is not None else None
-            handle = self.ctx.runtime.generate(ids, sp, rid=rid, session=session)
+            handle = self.ctx.runtime.generate(ids, sp, rid=rid, session=session,
+                                               deadline_s=self.deadline_s)
         except BaseException:
             if session is not None and rid is not None:
                 task = asyncio.ensure_future(self.ctx.runtime.session(SessionEnd(session, rid, submitted=False)))

@@ -45,7 +45,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     check_admission(ctx)
     items, batch = body.items()
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in items]
-    group = RequestGroup(ctx, "generate")
+    group = RequestGroup(ctx, "generate", deadline_s=body.request_timeout)
     params = []
     field = "text" if body.text is not None else "input_ids"
     for i, ids in enumerate(prompts):     # every input before the first is submitted

@@ -108,7 +108,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_accepting(ctx)
     check_admission(ctx)
     ids = ctx.tokenizer.apply_chat_template(body.messages)
-    group = RequestGroup(ctx, "chat")
+    group = RequestGroup(ctx, "chat", deadline_s=body.request_timeout)
     sess = body.session_params or (SessionParams(id=body.session_id) if body.session_id else None)
     if sess is not None and body.n != 1:
         raise APIError(400, "a session request takes n = 1", param="n")
@@ -180,7 +180,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     check_accepting(ctx)
     check_admission(ctx)
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
-    group = RequestGroup(ctx, "completion")
+    group = RequestGroup(ctx, "completion", deadline_s=body.request_timeout)
     params = [body.sampling(group.default_max(ids)) for ids in prompts]
     for i, ids in enumerate(prompts):     # every prompt before the first is submitted
         check_prompt(ctx, ids, "prompt" if isinstance(body.prompt, str) or len(prompts) == 1 else f"prompt.{i}")

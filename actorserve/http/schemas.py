@@ -48,6 +48,9 @@ MAX_SESSION_TIMEOUT_S = 30 * 86400.0
 Number = Union[StrictInt, StrictFloat]
 Seed = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
 MaxTokens = Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]   # 0 would still produce one token
+# A request's own deadline in seconds (actorserve extra; else --request-timeout): past it the
+# request is aborted, finish_reason "timeout".
+RequestTimeout = Annotated[Number, Field(gt=0, le=MAX_TIMEOUT_S)]
 Temperature = Annotated[Number, Field(ge=0, le=MAX_TEMPERATURE)]
 TopP = Annotated[Number, Field(gt=0, le=1)]
 TopK = Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)]       # -1 = off; 0 is refused by SamplingParams
@@ -109,6 +112,7 @@ class _OpenAICommon(_Body):
     user: StrictStr | None = None
     rid: Id | None = None
     skip_special_tokens: StrictBool = True
+    request_timeout: RequestTimeout | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -209,6 +213,7 @@ class GenerateRequest(_Body):
     return_logprob: StrictBool = False
     top_logprobs_num: TopLogprobs = 0
     session_params: SessionParams | None = None
+    request_timeout: RequestTimeout | None = None
 
     def items(self) -> tuple[list[str | list[int]], bool]:
         """The prompts, and whether the request is a batch (list in, list out)."""
