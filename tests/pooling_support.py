@@ -54,15 +54,18 @@ def pool_model(target: str, spec: Any, *, threads: int = 1) -> PoolModel:
 
 @contextlib.asynccontextmanager
 async def serve_pooling(tiny: tuple[Any, Any, Any], pool: dict[str, PoolModel], *, kv_blocks: int = 256,
-                        name: str = "tiny-llama") -> AsyncIterator[tuple[TestClient, Runtime]]:
+                        name: str = "tiny-llama",
+                        debug_routes: bool = False,
+                        request_timeout_s: float | None = None) -> AsyncIterator[tuple[TestClient, Runtime]]:
     from actorserve.engine.runner import build_engine
 
     model, hf_tok, tok = tiny
     engine = build_engine(model, num_blocks=kv_blocks, block_size=16, tokenizer=hf_tok, model_name=name)
-    rt = Runtime(engine, config=SchedulerConfig(batch=BatchConfig(), step_in_thread=True),
+    rt = Runtime(engine, config=SchedulerConfig(batch=BatchConfig(), step_in_thread=True,
+                                                request_timeout_s=request_timeout_s),
                  recorder=FlightRecorder(capacity=200_000, lifecycles=LIFECYCLES.values()),
                  pooling_engines={k: pm.engine for k, pm in pool.items()})
-    config = ServerConfig(model=ModelConfig(model="tiny", kv_blocks=kv_blocks))
+    config = ServerConfig(model=ModelConfig(model="tiny", kv_blocks=kv_blocks), debug_routes=debug_routes)
     app = build_app(rt, tok, config, name, pool_models=pool)
     async with TestServer(app, host="127.0.0.1", port=0, handler_cancellation=True) as server:
         async with TestClient(server) as client:

@@ -1,10 +1,11 @@
 """`build_app`: the aiohttp application over a started (or to-be-started) `Runtime`.
 
-One route table (OpenAI, native, control, metrics), two middlewares (errors outermost, then
-auth: with an API key every route but `/health` needs ``Authorization: Bearer KEY``), the body
-limit from ``config.max_body_bytes``, and typed app state under `CTX`. The live-inspection routes (`/debug/*`, see `debug_routes`)
-exist only with ``config.debug_routes``. The runtime is started
-and shut down in a ``cleanup_ctx`` step, so the app owns its lifetime.
+One route table (OpenAI, native, control, metrics, `/openapi.json` from `openapi`), two
+middlewares (errors outermost, then auth: with an API key every route but `/health` and
+`/openapi.json` needs ``Authorization: Bearer KEY``), the body limit from
+``config.max_body_bytes``, and typed app state under `CTX`. The live-inspection routes
+(`/debug/*`, see `debug_routes`) exist only with ``config.debug_routes``. The runtime is
+started and shut down in a ``cleanup_ctx`` step, so the app owns its lifetime.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from ..actors.runtime import Runtime
 from ..config import ServerConfig
 from ..engine.tokenizer import TextTokenizer
 from . import control_routes, debug_routes, native_routes, openai_routes, pooling_routes
+from .openapi import openapi_handler
 from .errors import APIError, error_middleware, error_response
 from .metrics import Metrics, metrics_handler
 from .state import CTX, ServerContext
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/openapi.json"})
 
 
 def auth_middleware(api_key: str | None) -> Any:
@@ -64,7 +66,7 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
     ctx.extra["pooling"] = dict(pool_models or {})
     app.router.add_routes(pooling_routes.ROUTES)
     app.router.add_routes(openai_routes.ROUTES + native_routes.ROUTES + control_routes.ROUTES
-                          + [web.get("/metrics", metrics_handler)])
+                          + [web.get("/metrics", metrics_handler), web.get("/openapi.json", openapi_handler)])
     if config.debug_routes:
         debug_routes.setup(app)
     if own_runtime:
