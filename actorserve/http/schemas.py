@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, WithJsonSchema,
+)
 
 from ..engine.params import SamplingParams
 from .errors import FieldError
@@ -65,7 +67,21 @@ StopStr = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]
 Stop = Union[StopStr, Annotated[list[StopStr], Field(max_length=MAX_STOP)]]
 StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]
 Id = Annotated[StrictStr, Field(max_length=MAX_ID_CHARS)]
-Messages = Annotated[list[dict[str, Any]], Field(min_length=1, max_length=MAX_MESSAGES)]
+# What a chat message is (checked in full by `TextTokenizer.validate_messages`, which names the
+# field); the JSON schema says so too, so the OpenAPI document and a fuzzer built on it send
+# messages the server can serve.
+_MESSAGE_SCHEMA = {
+    "type": "object", "required": ["role", "content"], "additionalProperties": True,
+    "properties": {
+        "role": {"enum": ["system", "user", "assistant", "tool"]},
+        "content": {"anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {
+                "type": "object", "required": ["type", "text"],
+                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
+        "name": {"type": "string", "maxLength": MAX_ID_CHARS}}}
+Message = Annotated[dict[str, Any], WithJsonSchema(_MESSAGE_SCHEMA)]
+Messages = Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
 # token id (as a string) -> bias; the keys are checked against the vocabulary in `generation`
 LogitBias = dict[StrictStr, Annotated[Number, Field(ge=-100, le=100)]]
 StrBatch = Annotated[list[StrictStr], Field(max_length=MAX_BATCH)]
