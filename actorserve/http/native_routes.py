@@ -40,9 +40,9 @@ def _meta(job: Job, out: Any, finished: bool) -> dict[str, Any]:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CTX]
+    check_admission(ctx)           # before the body is even read: a refusal must be cheap
     body = GenerateRequest.model_validate(await read_json(request))
     check_accepting(ctx)
-    check_admission(ctx)
     items, batch = body.items()
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in items]
     group = RequestGroup(ctx, "generate", deadline_s=body.request_timeout)

@@ -103,10 +103,10 @@ def _fail_if_error(outs: list[RequestOutput]) -> None:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CTX]
+    check_admission(ctx)           # before the body is even read: a refusal must be cheap
     body = ChatCompletionRequest.model_validate(await read_json(request))
     model = resolve_model(ctx, body.model)
     check_accepting(ctx)
-    check_admission(ctx)
     ids = ctx.tokenizer.apply_chat_template(body.messages)
     group = RequestGroup(ctx, "chat", deadline_s=body.request_timeout)
     sess = body.session_params or (SessionParams(id=body.session_id) if body.session_id else None)
@@ -175,10 +175,10 @@ async def _stream_chat(request: web.Request, ctx: ServerContext, group: RequestG
 
 async def completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CTX]
+    check_admission(ctx)
     body = CompletionRequest.model_validate(await read_json(request))
     model = resolve_model(ctx, body.model)
     check_accepting(ctx)
-    check_admission(ctx)
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
     group = RequestGroup(ctx, "completion", deadline_s=body.request_timeout)
     params = [body.sampling(group.default_max(ids)) for ids in prompts]
