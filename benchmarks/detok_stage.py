@@ -23,10 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -36,6 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from openai import AsyncOpenAI  # noqa: E402
+from serverproc import free_port, start_server, stop_server, wait_up  # noqa: E402
 
 PROMPTS = (
     "What is the capital of France? Answer in one sentence.",
@@ -55,25 +52,6 @@ ROUNDS: tuple[tuple[list[str] | None, float], ...] = (
     (["."], 0.0), ([" the"], 0.0), (None, 0.0), (["."], 0.7))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def wait_up(client: AsyncOpenAI, proc: subprocess.Popen, timeout: float = 300) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            await client.models.list()
-            return
-        except Exception:        # not listening yet (connection refused) or still starting (503)
-            await asyncio.sleep(0.5)
-    raise TimeoutError("server did not come up")
-
-
 async def workload(client: AsyncOpenAI, n: int, concurrency: int, max_tokens: int) -> Counter:
     gate = asyncio.Semaphore(concurrency)
     finish: Counter = Counter()
@@ -88,17 +66,6 @@ async def workload(client: AsyncOpenAI, n: int, concurrency: int, max_tokens: in
 
     await asyncio.gather(*(one(i) for i in range(n)))
     return finish
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def figures(path: str) -> dict[str, Any]:
@@ -142,14 +109,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         path = args.keep or os.path.join(d, "live.jsonl")
         # the same interpreter and environment (PYTHONPATH included) as this process
-        proc = subprocess.Popen([sys.executable, "-m", "actorserve.cli", "serve", "--model", args.model,
-                                 "--host", "127.0.0.1", "--port", str(port), "--record", path,
-                                 "--log-level", "warning", *args.serve_arg])
+        proc = start_server(port, "--model", args.model, "--record", path,
+                            "--log-level", "warning", *args.serve_arg)
         try:
             async def drive() -> tuple[Counter, float]:
                 async with AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
                                        max_retries=0, timeout=300) as client:
-                    await wait_up(client, proc)
+                    await wait_up(f"http://127.0.0.1:{port}", proc)
                     t0 = time.perf_counter()
                     finish = await workload(client, args.requests, args.concurrency, args.max_tokens)
                     return finish, time.perf_counter() - t0

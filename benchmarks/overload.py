@@ -20,10 +20,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from typing import Any
@@ -32,6 +29,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import aiohttp  # noqa: E402
+from serverproc import free_port, start_server, stop_server, wait_up  # noqa: E402
 
 
 
@@ -110,28 +108,6 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-async def wait_up(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    end = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < end:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}")
-            try:
-                async with http.get(f"{url}/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.3)
-    raise TimeoutError("server did not come up")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny")
@@ -144,21 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     blocks = (args.max_num_seqs + 8) * (args.max_tokens // 16 + 4)
-    proc = subprocess.Popen([sys.executable, "-m", "actorserve.cli", "serve", "--model", args.model,
-                             "--host", "127.0.0.1", "--port", str(port), "--embedding-model", "none",
-                             "--kv-blocks", str(blocks), "--max-num-seqs", str(args.max_num_seqs),
-                             "--max-queued-requests", str(args.max_queued)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_server(port, "--model", args.model, "--embedding-model", "none",
+                        "--kv-blocks", str(blocks), "--max-num-seqs", str(args.max_num_seqs),
+                        "--max-queued-requests", str(args.max_queued),
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         asyncio.run(wait_up(url, proc))
         result = asyncio.run(measure(url, args))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
     print(json.dumps({"model": args.model, **result, "server_rc": proc.returncode}))
     return 0
 

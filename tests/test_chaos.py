@@ -92,7 +92,7 @@ async def test_poison_overload_deadlines_and_control_end_clean_and_reexecute(see
         seen[out.finish_reason] += 1
         if out.finish_reason == "error":
             assert h.rid in poison, (h.rid, out.error)          # only poison requests fail
-            assert "model step failed on this request" in out.error or "model step failed" in out.error
+            assert "model step failed" in out.error     # alone in its step, or found by isolation
     await rt.quiesce()
     assert shed > 0 and rt.shed == shed                          # overload was real
     assert seen["error"] > 0 and seen["timeout"] > 0 and seen["abort"] > 0 and seen["length"] > 0

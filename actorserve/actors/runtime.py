@@ -41,7 +41,6 @@ import dataclasses
 import functools
 import itertools
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..config import SchedulerConfig
@@ -61,6 +60,7 @@ from .output import OutputStage
 from .request import GenerationActor, OutputStream, PoolingActor, RequestActor
 from .scheduler import SchedulerActor, SchedulerStats
 from .session import SessionActor
+from .surface import DuplicateRequestId, Overloaded, RequestHandle, ServerSnapshot
 from .system import ActorSystem
 from .watchdog import WatchdogActor
 
@@ -94,49 +94,6 @@ def changed_fields(obj: Any) -> dict[str, Any]:
         spec = _DEFAULTS[type(obj)] = tuple(
             (f.name, f.default) for f in dataclasses.fields(obj))
     return {name: v for name, d in spec if (v := getattr(obj, name)) is not d and v != d}
-
-
-class DuplicateRequestId(ValueError):
-    """A live request already has this rid."""
-
-
-class Overloaded(RuntimeError):
-    """Admission control refused a request: too many are waiting (HTTP 503 + Retry-After)."""
-
-    def __init__(self, queued: int, limit: int, retry_after_s: int) -> None:
-        super().__init__(f"server overloaded: {queued} requests are waiting (limit {limit}); "
-                         f"retry after {retry_after_s}s")
-        self.queued = queued
-        self.limit = limit
-        self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True, slots=True)
-class RequestHandle:
-    """What a caller gets for a request: its id and its output stream (no actor)."""
-    rid: str
-    stream: OutputStream
-
-
-@dataclass(frozen=True, slots=True)
-class ServerSnapshot:
-    """The server's regions as plain data, read at one moment."""
-    state: str                  # the SERVER state: starting, serving, paused_<mode>, draining, stopped
-    pause_mode: str | None
-    reason: str                 # why the run phase last changed (drain: signal, shutdown)
-    health: str                 # the HEALTH state: healthy | unhealthy
-    health_reason: str
-    stalls: int
-    shed: int = 0               # requests refused by admission control so far
-
-    @property
-    def paused(self) -> bool:
-        return self.pause_mode is not None
-
-    @property
-    def accepting(self) -> bool:
-        """New requests are taken (they wait while paused)."""
-        return self.state not in ("starting", "draining", "stopped")
 
 
 class Runtime:

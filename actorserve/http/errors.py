@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from ..actors.runtime import DuplicateRequestId, Overloaded
+from ..actors.surface import DuplicateRequestId, Overloaded
 from ..engine.params import ParamError
 
 log = logging.getLogger("actorserve.http")

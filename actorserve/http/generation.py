@@ -19,7 +19,7 @@ import dataclasses
 import uuid
 from typing import Any, AsyncIterator
 
-from ..actors.runtime import RequestHandle
+from ..actors.surface import RequestHandle
 from ..engine.params import SamplingParams
 from ..messages import RequestOutput, SessionBegin, SessionEnd
 from .errors import APIError

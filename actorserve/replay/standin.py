@@ -33,13 +33,15 @@ class ReplayClock(ManualClock):
         """Fire the pending timer the recording names (the clock a handler read may have lagged
         behind the live one, so deadlines alone could order two timers differently); False if
         no pending timer has that label."""
-        for when, _, timer in sorted(self._heap, key=lambda h: (h[0], h[1])):
-            if not timer.cancelled and timer.label == label:
-                timer.cancelled = True          # it fires now, and never again
-                self.set_time(when)
-                timer.fn()
-                return True
-        return False
+        due = [(when, n, timer) for when, n, timer in self._heap
+               if not timer.cancelled and timer.label == label]
+        if not due:
+            return False
+        when, _, timer = min(due, key=lambda h: (h[0], h[1]))
+        timer.cancelled = True              # it fires now, and never again
+        self.set_time(when)
+        timer.fn()
+        return True
 
     def fire_next(self) -> bool:
         """Fire the earliest pending timer, whatever its deadline; False if there is none."""
