@@ -46,6 +46,17 @@ from .scheduler_control import SchedulerControl
 K = SchedulerState
 
 
+def _answer(o: Any) -> list[Any]:
+    """What the recording keeps of one member's answer: ``[rid, token | "pooled"]``, and the
+    engine's own verdict when it gave one (``"stop"``: its grammar ended; ``{"error": ...}``)."""
+    entry = [o.seq.rid, "pooled" if o.pooled is not None else o.token_id]
+    if o.error is not None:
+        entry.append({"error": o.error})
+    elif o.stop:
+        entry.append("stop")
+    return entry
+
+
 class SchedulerActor(SchedulerControl):
     mailbox_capacity = 1 << 16
 
@@ -210,8 +221,7 @@ class SchedulerActor(SchedulerControl):
         The recorder notes what the model answered, which re-execution plays back."""
         rec = self.system.recorder if self.system is not None else None
         if rec is not None:
-            out = None if err is not None else [
-                [o.seq.rid, "pooled" if o.pooled is not None else o.token_id] for o in res or ()]
+            out = None if err is not None else [_answer(o) for o in res or ()]
             rec.input("step_end", data={
                 "sched": self.name, "step": step, "out": out,
                 "error": None if err is None else f"{type(err).__name__}: {err}"})
@@ -363,18 +373,21 @@ class SchedulerActor(SchedulerControl):
             self._tell(seq.rid, PrefillProgress(seq.rid, seq.num_computed))
             return None
         tok = out.token_id
+        if out.error is not None:        # the engine's verdict on this request alone
+            self._end(seq, self._drop(seq.rid), Failed(seq.rid, out.error))
+            return None
         seq.output_ids.append(tok)
         if not seq.is_probe:
             self.generated_tokens += 1
-        reason = self._finish_reason(seq, tok)
+        reason = self._finish_reason(seq, tok, out.stop)
         if reason is not None:
             self._drop(seq.rid)
         return TokenItem(seq.rid, tok, out.logprob, out.top_logprobs, reason)
 
-    def _finish_reason(self, seq: Any, tok: int) -> str | None:
+    def _finish_reason(self, seq: Any, tok: int, grammar_done: bool = False) -> str | None:
         sp = seq.sampling
         info = self.engine.info
-        if tok in sp.stop_token_ids or (not sp.ignore_eos and tok in info.eos_token_ids):
+        if grammar_done or tok in sp.stop_token_ids or (not sp.ignore_eos and tok in info.eos_token_ids):
             return "stop"
         if len(seq.output_ids) >= sp.max_new_tokens:
             return "length"

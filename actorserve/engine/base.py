@@ -26,6 +26,10 @@ class SeqOutput:
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     pooled: Any = None
+    # The engine's own verdict on a generated token: its grammar has ended (``stop``), or the
+    # request cannot go on (``error``, e.g. its grammar refused the token): that request only.
+    stop: bool = False
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

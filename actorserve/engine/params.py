@@ -12,6 +12,9 @@ class ParamError(ValueError):
     """A parameter value the client sent is out of range (becomes a 400)."""
 
 
+GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "ebnf", "structural_tag")
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_new_tokens: int = 128
@@ -30,6 +33,14 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     skip_special_tokens: bool = True
+    # Additive biases on the logits before sampling: ((token_id, bias), ...), bias in [-100, 100]
+    # (OpenAI semantics: -100 bans a token, +100 all but forces it).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # A constraint on the output: (kind, spec) with kind in GRAMMAR_KINDS and spec its text (a
+    # JSON schema, a regex, an EBNF grammar, an xgrammar structural tag as JSON). The engine
+    # masks every token the grammar cannot accept next (`engine.grammar`); `json_object` takes
+    # an empty spec. Plain data, so a recording holds it and re-execution rebuilds it.
+    grammar: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -52,6 +63,16 @@ class SamplingParams:
             raise ParamError(f"n must be >= 1, got {self.n}")
         if not 0 <= self.top_logprobs <= 20:
             raise ParamError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        if self.logit_bias:
+            bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
+            if any(t < 0 or not -100.0 <= b <= 100.0 for t, b in bias):
+                raise ParamError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
+            object.__setattr__(self, "logit_bias", bias)
+        if self.grammar is not None:
+            kind, spec = self.grammar
+            if kind not in GRAMMAR_KINDS or not isinstance(spec, str):
+                raise ParamError(f"unknown grammar kind {kind!r}; use one of {GRAMMAR_KINDS}")
+            object.__setattr__(self, "grammar", (kind, spec))
 
     @property
     def greedy(self) -> bool:

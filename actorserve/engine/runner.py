@@ -50,9 +50,21 @@ def _default_sampler() -> Sampler:
 
 
 class _SamplingRunner:
-    """What both runners share: the sampler, the default one made on first use."""
+    """What both runners share: the sampler (the default one made on first use) and the
+    grammar backend of constrained requests (`engine.grammar`; None without a tokenizer)."""
 
     _sampler: Sampler | None
+    grammar: Any = None
+
+    def _grammar_for(self, tokenizer: Any) -> None:
+        if tokenizer is not None:
+            from .grammar import GrammarBackend
+            self.grammar = GrammarBackend(tokenizer, vocab_size=self.info.vocab_size,
+                                          stop_token_ids=self.info.eos_token_ids)
+
+    def _finish(self, outputs: list[SeqOutput], seqs: list[Sequence], where: list[int],
+                hidden: torch.Tensor, logits_of: Callable[[list[int]], torch.Tensor]) -> None:
+        _finish(outputs, seqs, where, hidden, logits_of, self.sampler, self.grammar)
 
     @property
     def sampler(self) -> Sampler:
@@ -118,20 +130,32 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _finish(outputs: list[SeqOutput], seqs: list[Sequence], where: list[int], hidden: torch.Tensor,
-            logits_of: Callable[[list[int]], torch.Tensor], sampler: Sampler) -> None:
+            logits_of: Callable[[list[int]], torch.Tensor], sampler: Sampler, grammar: Any = None) -> None:
     """Fill ``outputs[where[i]]`` for each finishing member ``seqs[i]``: sample a token, or
     pool. `hidden` holds their final-normed last rows; ``logits_of(idx)`` gives the logits
-    of the members ``idx``, computed only for those that need them."""
+    of the members ``idx``, computed only for those that need them. A constrained member's
+    matcher is made before its first draw and advanced by each drawn token (`engine.grammar`)."""
     gen = [i for i, s in enumerate(seqs) if s.pooling is None]
     head = [i for i, s in enumerate(seqs) if s.pooling is not None and s.pooling.task != "embed"]
     logits = logits_of(gen + head).float() if gen or head else None
     if gen:
-        picked = sampler(logits[:len(gen)], [seqs[i] for i in gen])
+        gen_seqs = [seqs[i] for i in gen]
+        constrained = [s for s in gen_seqs if s.sampling.grammar is not None]
+        if constrained:
+            if grammar is None:
+                raise RuntimeError("a constrained request reached an engine without a grammar backend")
+            grammar.ensure(constrained)
+        picked = sampler(logits[:len(gen)], gen_seqs)
         for i, (tok, lp, top) in zip(gen, picked):
             out = outputs[where[i]]
             out.token_id = int(tok)
             if seqs[i].sampling.logprobs:
                 out.logprob, out.top_logprobs = (None if lp is None else float(lp)), top
+            if seqs[i].grammar is not None:
+                from .grammar import accept
+                verdict = accept(seqs[i], out.token_id)
+                out.stop = verdict == "stop"
+                out.error = verdict if verdict not in (None, "stop") else None
     for j, i in enumerate(head):
         outputs[where[i]].pooled = torch.log_softmax(logits[len(gen) + j], dim=-1).clone()
     for i, s in enumerate(seqs):
@@ -170,6 +194,7 @@ class PagedLlamaRunner(_SamplingRunner):
         self.info = engine_info(model, num_blocks=num_blocks, block_size=block_size, tokenizer=tokenizer,
                                 model_name=model_name, max_model_len=max_model_len)
         self._sampler = sampler
+        self._grammar_for(tokenizer)
         self._rope_cos = self._rope_sin = torch.empty(0)
         act = getattr(cfg, "hidden_act", None)
         self._silu_mlp = act == "silu" and all(hasattr(self.layers[0].mlp, a)
@@ -229,8 +254,8 @@ class PagedLlamaRunner(_SamplingRunner):
             return outputs
         rows = torch.tensor([plan.last_rows[i] for i in members], dtype=torch.long)
         hidden = self.base.norm(h.index_select(0, rows))
-        _finish(outputs, [batch[i][0] for i in members], members, hidden,
-                lambda idx: self.lm_head(hidden[idx]), self.sampler)
+        self._finish(outputs, [batch[i][0] for i in members], members, hidden,
+                     lambda idx: self.lm_head(hidden[idx]))
         return outputs
 
 
@@ -250,6 +275,7 @@ class HFFallbackRunner(_SamplingRunner):
         self.info = engine_info(model, num_blocks=num_blocks, block_size=block_size, tokenizer=tokenizer,
                                 model_name=model_name, max_model_len=max_model_len)
         self._sampler = sampler
+        self._grammar_for(tokenizer)
 
     def release(self, seq: Sequence) -> None:
         """Nothing to forget: this runner keeps no per-sequence state."""
@@ -274,7 +300,7 @@ class HFFallbackRunner(_SamplingRunner):
             logits.append(out.logits[0, -1])
             rows.append(out.hidden_states[-1][0, -1] if want_hidden else out.logits[0, -1])
         all_logits = torch.stack(logits)
-        _finish(outputs, seqs, members, torch.stack(rows), lambda idx: all_logits[idx], self.sampler)
+        self._finish(outputs, seqs, members, torch.stack(rows), lambda idx: all_logits[idx])
         return outputs
 
 

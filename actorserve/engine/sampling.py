@@ -6,27 +6,31 @@ Each row belongs to one `Sequence` and is processed under that sequence's `Sampl
 in a fixed pipeline (the same order as HF's logits processors / vLLM's sampler):
 
 1. **Raw log-probabilities** (only if some row asks for them): ``log_softmax`` of the
-   logits exactly as the model produced them, before any penalty or temperature. The
-   OpenAI ``logprobs`` / ``top_logprobs`` fields report the model's distribution.
-2. **Penalties** (rows with non-default values only, one small scatter per row):
+   logits exactly as the model produced them, before any bias, mask, penalty or temperature.
+   The OpenAI ``logprobs`` / ``top_logprobs`` fields report the model's distribution.
+2. **Constraints** (rows that have them, on a copy): ``logit_bias`` is added (OpenAI
+   semantics), then a constrained row's grammar bitmask sets every token it cannot accept next
+   to ``-inf`` (`engine.grammar.mask_rows`; the matcher itself advances after the draw, in
+   the runner). So every later stage, greedy included, sees only allowed tokens.
+3. **Penalties** (rows with non-default values only, one small scatter per row):
    ``repetition_penalty`` with HF semantics over prompt+output tokens (a positive logit is
    divided by the penalty, a negative one multiplied), then ``frequency_penalty`` and
    ``presence_penalty`` with OpenAI semantics over output tokens
    (``logit -= count * frequency + (count > 0) * presence``).
-3. **Greedy rows** (``temperature == 0`` or ``top_k == 1``) are grouped and resolved by a
+4. **Greedy rows** (``temperature == 0`` or ``top_k == 1``) are grouped and resolved by a
    single batched ``argmax`` over the penalised logits.
-4. **Sampling rows**: divide by temperature; rows with any truncation (``top_k``,
+5. **Sampling rows**: divide by temperature; rows with any truncation (``top_k``,
    ``top_p``, ``min_p``) are sorted once in descending order and all three masks are
    computed in sorted space (top-k by position, so it is exact under ties; top-p keeps the
    smallest prefix whose mass reaches ``top_p``, always at least one token; min-p drops
    tokens below ``min_p * p_max``). Rows without truncation skip the sort.
-5. **Drawing**: unseeded rows share one batched ``torch.multinomial`` call on a
+6. **Drawing**: unseeded rows share one batched ``torch.multinomial`` call on a
    module-level generator. A row whose params carry a ``seed`` draws alone from its own
    ``torch.Generator`` kept in ``seq.engine_state`` (created and seeded on first use), so
    its token stream depends only on its seed and its own logits, never on which other
    rows share the batch.
 
-`processed_probs` exposes the distribution that step 5 draws from (one-hot for greedy
+`processed_probs` exposes the distribution that step 6 draws from (one-hot for greedy
 rows); tests use it to check that a sampled token always had nonzero probability.
 
 ``ignore_eos`` and stop conditions are the scheduler's business, not the sampler's.
@@ -40,7 +44,7 @@ import torch
 
 from .sequence import Sequence
 
-__all__ = ["sample", "processed_probs", "apply_penalties", "get_generator", "SampleResult"]
+__all__ = ["sample", "processed_probs", "apply_penalties", "apply_constraints", "get_generator", "SampleResult"]
 
 SampleResult = tuple[int, float | None, list[tuple[int, float]] | None]
 
@@ -149,7 +153,10 @@ def _plan(logits: torch.Tensor, seqs: list[Sequence]):
     if logits.dim() != 2 or logits.shape[0] != len(seqs):
         raise ValueError(f"logits must be [B, V] with B == len(seqs); got {tuple(logits.shape)} "
                          f"for {len(seqs)} sequences")
-    logits = logits.float()
+    raw = logits = logits.float()
+    if any(s.sampling.logit_bias or s.grammar is not None for s in seqs):
+        logits = logits.clone()           # raw stays the model's own distribution
+        apply_constraints(logits, seqs)
     if any(s.sampling.repetition_penalty != 1.0 or s.sampling.frequency_penalty != 0.0
            or s.sampling.presence_penalty != 0.0 for s in seqs):
         work = apply_penalties(logits, seqs)
@@ -158,7 +165,22 @@ def _plan(logits: torch.Tensor, seqs: list[Sequence]):
     greedy = [i for i, s in enumerate(seqs) if s.sampling.greedy]
     plain = [i for i, s in enumerate(seqs) if not s.sampling.greedy and not _needs_truncation(s)]
     trunc = [i for i, s in enumerate(seqs) if not s.sampling.greedy and _needs_truncation(s)]
-    return logits, work, greedy, plain, trunc
+    return raw, work, greedy, plain, trunc
+
+
+def apply_constraints(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """``logit_bias`` then the grammar masks, in place (see the module docstring, step 2)."""
+    vocab = logits.shape[-1]
+    for i, seq in enumerate(seqs):
+        bias = seq.sampling.logit_bias
+        if bias:
+            idx = torch.tensor([t for t, _ in bias], dtype=torch.long, device=logits.device)
+            val = torch.tensor([b for _, b in bias], dtype=logits.dtype, device=logits.device)
+            keep = idx < vocab
+            logits[i].index_add_(0, idx[keep], val[keep])
+    if any(s.grammar is not None for s in seqs):
+        from .grammar import mask_rows     # xgrammar loads only for constrained requests
+        mask_rows(logits, seqs)
 
 
 def _scaled(work: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> torch.Tensor:

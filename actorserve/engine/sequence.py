@@ -18,6 +18,7 @@ class Sequence:
     __slots__ = (
         "rid", "kind", "prompt_ids", "output_ids", "num_computed", "num_cached",
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
+        "grammar",
     )
 
     def __init__(
@@ -43,6 +44,9 @@ class Sequence:
         self.is_probe = is_probe
         self.engine_state: Any = None  # opaque per-sequence state of the runner (e.g. a torch.Generator)
         self.arrival = arrival
+        # The grammar matcher of a constrained request (`engine.grammar`): made on the first
+        # sampled token, advanced by every one after, kept across pause and retract.
+        self.grammar: Any = None
 
     @property
     def num_tokens(self) -> int:

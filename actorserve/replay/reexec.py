@@ -141,17 +141,18 @@ def histories_of(events: Iterable[Event]) -> dict[tuple[str, str | None], list[t
     return out
 
 
-def _model_answers(events: list[Event]) -> tuple[dict[str, deque[int]], dict[tuple[str, int], int]]:
-    """Tokens per request, in order; and where a detokenizer stopped: (rid, incarnation) -> n."""
-    tokens: dict[str, deque[int]] = defaultdict(deque)
+def _model_answers(events: list[Event]) -> tuple[dict[str, deque[Any]], dict[tuple[str, int], int]]:
+    """Answers per request, in order (a token, or ``[token, verdict]`` where the engine gave one:
+    a grammar that ended, a refused token); and where a detokenizer stopped: (rid, incarnation) -> n."""
+    tokens: dict[str, deque[Any]] = defaultdict(deque)
     stops: dict[tuple[str, int], int] = {}
     incarnation: dict[str, int] = defaultdict(lambda: -1)
     seen: dict[str, int] = defaultdict(int)          # tokens of this incarnation so far
     for e in events:
         if e.kind == "input" and e.event == "step_end":
-            for rid, tok in (e.data or {}).get("out") or ():
+            for rid, tok, *verdict in (e.data or {}).get("out") or ():
                 if isinstance(tok, int) and not isinstance(tok, bool):
-                    tokens[rid].append(tok)
+                    tokens[rid].append([tok, verdict[0]] if verdict else tok)
                     seen[rid] += 1
         elif e.kind == "input" and e.event == "generate" and e.rid is not None:
             incarnation[e.rid] += 1
@@ -290,8 +291,8 @@ class _Driver:
             self._keep(rt.control(msg) if e.event == "control" else rt.session(msg))
         elif e.event == "health_done":
             rt.health_done(d["record"], d["ok"], d["reason"])
-        elif e.event == "shed":      # refused at admission: it reached no actor
-            self.rec.input("shed", data=d)
+        elif e.event in ("shed", "grammar"):   # refused at admission / a compile: no actor saw it
+            self.rec.input(e.event, data=d)
         elif e.event == "delivered":
             assert e.rid is not None
             info = rt.request_info(e.rid)

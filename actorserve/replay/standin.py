@@ -2,7 +2,8 @@
 
 * `ReplayEngine` has the recorded engine's geometry (`EngineInfo`: block size, KV blocks,
   context length, EOS ids) and answers each step with the tokens the real model gave each
-  request, in order. A prefill chunk answers nothing, a pooling request a placeholder value.
+  request, in order, with the engine's own verdicts (a constrained request's grammar ended,
+  or refused a token): so a constrained run re-executes without the grammar. A prefill chunk answers nothing, a pooling request a placeholder value.
   A request asked for more tokens than were recorded (possible only after a divergence) gets a
   filler token that ends nothing, so the run goes on and the report can show where it differs.
 * `ReplayDetokenizer` stops a request on a stop string after the same number of tokens as the
@@ -72,7 +73,7 @@ class PooledStandIn:
 class ReplayEngine:
     """Plays back the recorded model answers, keyed by request id."""
 
-    def __init__(self, info: dict[str, Any], tokens: dict[str, deque[int]],
+    def __init__(self, info: dict[str, Any], tokens: dict[str, deque[Any]],
                  batch: dict[str, Any] | None = None) -> None:
         info = dict(info)
         info["eos_token_ids"] = tuple(info.get("eos_token_ids") or ())
@@ -96,7 +97,13 @@ class ReplayEngine:
             else:
                 q = self.tokens.get(seq.rid)
                 if q:
-                    outs.append(SeqOutput(seq, token_id=q.popleft()))
+                    answer = q.popleft()
+                    if isinstance(answer, list):      # [token, the engine's verdict]
+                        tok, verdict = answer
+                        err = verdict.get("error") if isinstance(verdict, dict) else None
+                        outs.append(SeqOutput(seq, token_id=tok, stop=verdict == "stop", error=err))
+                    else:
+                        outs.append(SeqOutput(seq, token_id=answer))
                 else:
                     self.fillers += 1
                     outs.append(SeqOutput(seq, token_id=self.filler))

@@ -161,7 +161,7 @@ def wasted_forwards(events: Iterable[Event]) -> dict[str, Any]:
             elif e.event == "generate" and e.rid is not None:
                 params[e.rid] = d
             elif e.event == "step_end":
-                for rid, tok in d.get("out") or ():
+                for rid, tok, *_ in d.get("out") or ():
                     life = live.get(rid)
                     if life is not None and not life.finished and isinstance(tok, int) and not isinstance(tok, bool):
                         life.last = (d.get("sched", "scheduler"), int(d.get("step", 0)), tok)
