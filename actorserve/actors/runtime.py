@@ -205,10 +205,12 @@ class Runtime:
         self._admit(self.scheduler if target is None else self.pool_schedulers[target], False)
 
     def _deadline(self, deadline_s: float | None, is_probe: bool) -> float | None:
+        """A request may shorten the server's deadline (``request_timeout_s``), never lengthen it."""
         if deadline_s is not None:
             if not deadline_s > 0:
                 raise ValueError(f"a request's deadline must be > 0 seconds, got {deadline_s}")
-            return float(deadline_s)
+            cap = self.request_timeout
+            return float(deadline_s) if cap is None or is_probe else min(float(deadline_s), cap)
         return None if is_probe else self.request_timeout
 
     def _deadline_passed(self, rid: str) -> None:
