@@ -59,6 +59,7 @@ class ServerConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     recorder: RecorderConfig = field(default_factory=RecorderConfig)
     debug_routes: bool = False          # /debug/* live inspection (requests, events, diagrams)
+    tool_call_parser: str | None = None  # hermes | llama3_json | mistral (None: from the chat template)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:

@@ -59,22 +59,25 @@ async def test_a_deadline_aborts_through_the_control_actor_with_finish_reason_ti
     rt, rec, clock = await make(request_timeout_s=2.0)
     assert (await rt.control(PauseGeneration("in_place"))).ok
     slow = rt.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
-    own = rt.generate([4, 5], SamplingParams(max_new_tokens=4), deadline_s=5.0)
-    clock.advance(1.9)
+    own = rt.generate([4, 5], SamplingParams(max_new_tokens=4), deadline_s=1.0)
+    long = rt.generate([6], SamplingParams(max_new_tokens=4), deadline_s=5.0)
+    clock.advance(1.0)                          # a request's own deadline may be shorter
     await rt.quiesce()
+    assert (await own.stream.final()).finish_reason == "timeout"
     assert rt.request_info(slow.rid)["state"] == "queued"
-    clock.advance(0.1)                          # the default deadline: 2 s after arrival
+    clock.advance(0.9)
+    await rt.quiesce()
+    assert rt.request_info(slow.rid)["state"] == rt.request_info(long.rid)["state"] == "queued"
+    clock.advance(0.1)                          # the server's deadline: 2 s after arrival
     await rt.quiesce()
     out = await slow.stream.final()
     assert out.finish_reason == "timeout" and out.error == "deadline exceeded"
-    assert rt.request_info(own.rid)["state"] == "queued"     # its own deadline is later
-    clock.advance(3.0)
-    await rt.quiesce()
-    assert (await own.stream.final()).finish_reason == "timeout"
+    # ... which a request's own deadline cannot lengthen
+    assert (await long.stream.final()).finish_reason == "timeout"
     ops = [e.data["op"] for e in rec.events(kind="control") if e.event == "create"]
-    assert ops.count("abort_request") == 2                      # each one a control record
+    assert ops.count("abort_request") == 3                      # each one a control record
     timers = [e.data["label"] for e in rec.events(kind="input") if e.event == "timer"]
-    assert timers == [f"req:{slow.rid}:deadline", f"req:{own.rid}:deadline"]
+    assert timers == [f"req:{own.rid}:deadline", f"req:{slow.rid}:deadline", f"req:{long.rid}:deadline"]
     await rt.control(ContinueGeneration())
     fine = await rt.generate([7], SamplingParams(max_new_tokens=2, ignore_eos=True)).stream.final()
     assert fine.finish_reason == "length"
@@ -82,7 +85,7 @@ async def test_a_deadline_aborts_through_the_control_actor_with_finish_reason_ti
     clock.advance(10.0)                         # its timer was cancelled when it ended
     await rt.quiesce()
     assert ops == [e.data["op"] for e in rec.events(kind="control") if e.event == "create"][:len(ops)]
-    assert [e.data["op"] for e in rec.events(kind="control") if e.event == "create"].count("abort_request") == 2
+    assert [e.data["op"] for e in rec.events(kind="control") if e.event == "create"].count("abort_request") == 3
     assert check(rec.events()).ok
     assert_nothing_held(rt)
     await rt.shutdown()

@@ -312,8 +312,10 @@ async def test_lenient_inputs_are_accepted(server):
     """What the limits leave in: edge values, careless Content-Types, a surrogate pair."""
     http, rt, app, baseline = server
     tok = rt.engine_info.vocab_size
-    nested = {"text": "hi", "x": json.loads("[" * 63 + "]" * 63)}        # 64 levels with the object
-    expected = (await (await http.post("/tokenize", json={"text": "hi"})).json())["tokens"]
+    # 64 levels with the body, its list and the message (a message's extra keys are the template's)
+    nested = {"messages": [{"role": "user", "content": "hi", "x": json.loads("[" * 61 + "]" * 61)}]}
+    plain = {"messages": [{"role": "user", "content": "hi"}]}
+    expected = (await (await http.post("/tokenize", json=plain)).json())["tokens"]
     for headers in ({"Content-Type": "text/plain"}, {"Content-Type": "application/json; charset=utf-8"},
                     {"Content-Type": "application/x-www-form-urlencoded"}, {"Content-Type": "application/vnd.a+json"},
                     {"Content-Type": "application/octet-stream"}, {}):

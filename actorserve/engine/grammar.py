@@ -72,6 +72,7 @@ class GrammarBackend:
         self.stop_token_ids = tuple(stop_token_ids)
         self._compiler: Any = None
         self._lock = threading.Lock()
+        self._compiling = threading.Lock()
         self._cache: dict[tuple[str, str], Any] = {}
         self.compiles = 0          # cold compiles
         self.hits = 0              # answered from the cache
@@ -94,11 +95,15 @@ class GrammarBackend:
             self.hits += 1
             return found, 0.0, True
         compiler = self._xgr()
-        t0 = time.perf_counter()
-        compiled = self._compile(compiler, *key)
-        took = time.perf_counter() - t0
-        with self._lock:
-            self._cache.setdefault(key, compiled)
+        with self._compiling:       # one compile at a time: a second asker of a spec waits for it
+            found = self._cache.get(key)
+            if found is not None:
+                self.hits += 1
+                return found, 0.0, True
+            t0 = time.perf_counter()
+            compiled = self._compile(compiler, *key)
+            took = time.perf_counter() - t0
+            self._cache[key] = compiled
             self.compiles += 1
         return compiled, took, False
 

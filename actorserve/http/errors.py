@@ -88,8 +88,10 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     found = []
     for e in exc.errors(include_url=False):
         loc = [str(x) for x in e.get("loc", ()) if not _is_union_tag(x)]
-        found.append((".".join(loc), loc[0] if loc else "", str(e.get("type", "")).endswith("_type"),
-                      str(e.get("msg"))))
+        msg = str(e.get("msg"))
+        if e.get("type") == "extra_forbidden":
+            msg = "unsupported field: actorserve would not honour it (see docs/api.md, accepted fields)"
+        found.append((".".join(loc), loc[0] if loc else "", str(e.get("type", "")).endswith("_type"), msg))
     specific = {top for _, top, is_type, _ in found if not is_type}
     by_loc: dict[str, list[str]] = {}
     for loc, top, is_type, msg in sorted(found, key=lambda f: f[2]):       # stable: specific first

@@ -54,6 +54,19 @@ def check_admission(ctx: ServerContext) -> None:
     ctx.runtime.admit()
 
 
+def check_model(ctx: ServerContext, model: str | None) -> None:
+    """A ``model`` field names something this server serves (any of its generation or pooling
+    models, or an alias), else 404: a field that is accepted has its effect."""
+    if model is None or model in ctx.model_names():
+        return
+    pooled = [pm.name for pm in (ctx.extra.get("pooling") or {}).values()]
+    if model in pooled or model == "default-embedding":
+        return
+    raise APIError(404, f"The model `{model}` does not exist; served: {ctx.served_name!r}"
+                        + (f" and {', '.join(map(repr, pooled))}" if pooled else ""),
+                   type="invalid_request_error", code="model_not_found", param="model")
+
+
 def check_token_ids(ids: Any, vocab: int, param: str) -> None:
     bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
     if bad is not None:

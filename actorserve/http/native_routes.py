@@ -18,9 +18,10 @@ from typing import Any
 from aiohttp import web
 
 from . import sse
+from .constraints import compile_constraint, pick_constraint
 from .errors import APIError
 from .generation import (
-    Job, RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling, check_token_ids,
+    Job, RequestGroup, check_accepting, check_admission, check_model, check_fanout, check_prompt, check_sampling, check_token_ids,
     session_prompt, session_rid,
 )
 from .schemas import DetokenizeRequest, GenerateRequest, TokenizeRequest, read_json
@@ -46,15 +47,22 @@ async def generate(request: web.Request) -> web.StreamResponse:
     items, batch = body.items()
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in items]
     group = RequestGroup(ctx, "generate", deadline_s=body.request_timeout)
-    params = []
+    params, constraints = [], {}
     field = "text" if body.text is not None else "input_ids"
     for i, ids in enumerate(prompts):     # every input before the first is submitted
         ns = body.params_for(i, len(prompts))
-        params.append(ns.to_params(128, logprobs=body.return_logprob, top=body.top_logprobs_num))
+        where = f"sampling_params.{i}." if isinstance(body.sampling_params, list) else "sampling_params."
+        picked = pick_constraint(ns, where)
+        if picked is not None:
+            constraints[picked[0]] = picked[1]
+        params.append(ns.to_params(128, logprobs=body.return_logprob, top=body.top_logprobs_num,
+                                   grammar=picked[0] if picked else None))
         check_prompt(ctx, ids, f"{field}.{i}" if batch else field)
         check_sampling(ctx, params[-1], ns.logit_bias,
                        f"sampling_params.{i}." if isinstance(body.sampling_params, list) else "sampling_params.")
     check_fanout(sum(sp.n for sp in params), "sampling_params.n")
+    for grammar, param in constraints.items():     # each distinct one once, off the loop
+        await compile_constraint(ctx.runtime, grammar, param)
     batch = batch or any(sp.n > 1 for sp in params)
     sess = body.session_params
     if sess is not None and (batch or not isinstance(body.rid, (str, type(None)))):
@@ -100,6 +108,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 async def tokenize(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = TokenizeRequest.model_validate(await read_json(request))
+    check_model(ctx, body.model)
     if body.messages is not None:
         ids = ctx.tokenizer.apply_chat_template(body.messages)
     else:
@@ -113,6 +122,7 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = DetokenizeRequest.model_validate(await read_json(request))
+    check_model(ctx, body.model)
     ids = body.tokens if body.tokens is not None else body.input_ids
     if ids is None:
         raise APIError(400, "tokens (or input_ids) is required", param="tokens")

@@ -18,13 +18,15 @@ from aiohttp import web
 
 from ..messages import RequestOutput
 from . import sse
-from .errors import APIError
+from .constraints import compile_constraint, pick_constraint
+from .errors import APIError, FieldError
 from .generation import (
     RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling, session_prompt, session_rid,
 )
 from .schemas import SessionParams
 from .schemas import ChatCompletionRequest, CompletionRequest, read_json
 from .state import CTX, ServerContext
+from .tools import DeltaStream, ToolPlan, plan_tools
 
 
 def resolve_model(ctx: ServerContext, model: str | None) -> str:
@@ -92,6 +94,17 @@ def completion_logprobs(ctx: ServerContext, lps: list[Any] | None,
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
+def _grammar(body: Any, plan: ToolPlan | None = None) -> tuple[tuple[str, str], str] | None:
+    """The request's one output constraint: its own, or the tool calls' (not both)."""
+    own = pick_constraint(body)
+    if plan is not None and plan.grammar is not None:
+        if own is not None:
+            raise FieldError(own[1], f"{own[1]} cannot be combined with tools (tool_choice "
+                                     f"{plan.mode}); use tool_choice none")
+        return plan.grammar, "tools"
+    return own
+
+
 def _fail_if_error(outs: list[RequestOutput]) -> None:
     for o in outs:
         if o.finish_reason == "error":
@@ -107,37 +120,44 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = ChatCompletionRequest.model_validate(await read_json(request))
     model = resolve_model(ctx, body.model)
     check_accepting(ctx)
-    ids = ctx.tokenizer.apply_chat_template(body.messages)
+    plan = plan_tools(body, ctx.tokenizer, ctx.config.tool_call_parser)
+    ids = ctx.tokenizer.apply_chat_template(plan.messages, **plan.template_kwargs)
     group = RequestGroup(ctx, "chat", deadline_s=body.request_timeout)
     sess = body.session_params or (SessionParams(id=body.session_id) if body.session_id else None)
     if sess is not None and body.n != 1:
         raise APIError(400, "a session request takes n = 1", param="n")
-    sp = body.sampling(group.default_max(ids))     # validates before a session is joined
+    constraint = _grammar(body, plan)
+    grammar = constraint[0] if constraint else None
+    sp = body.sampling(group.default_max(ids), grammar)     # validates before a session is joined
     check_prompt(ctx, ids, "messages")
     check_sampling(ctx, sp, body.logit_bias)
+    if constraint is not None:
+        await compile_constraint(ctx.runtime, *constraint)
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     async with group:
         if sess is not None:   # the new messages' template extends the session's chain
             rid = session_rid(body.rid)
             ids = await session_prompt(ctx, sess, ids, rid)
-            group.submit(ids, body.sampling(group.default_max(ids)), rid=rid, session=sess.id)
+            group.submit(ids, body.sampling(group.default_max(ids), grammar), rid=rid, session=sess.id)
         else:
             group.submit_n(ids, sp, rid=body.rid)
         if not body.stream:
             outs = await group.collect_all()
             _fail_if_error(outs)
-            choices = [{"index": i, "message": {"role": "assistant", "content": o.text},
-                        "logprobs": chat_logprobs(ctx, o.logprobs), "finish_reason": o.finish_reason}
-                       for i, o in enumerate(outs)]
+            choices = []
+            for i, o in enumerate(outs):
+                message, finish = plan.message(o.text, o.finish_reason)
+                choices.append({"index": i, "message": message,
+                                "logprobs": chat_logprobs(ctx, o.logprobs), "finish_reason": finish})
             return web.json_response({"id": cid, "object": "chat.completion", "created": created,
                                       "model": model, "choices": choices,
                                       "usage": _usage(outs, len(ids))})
-        return await _stream_chat(request, ctx, group, body, cid, created, model, len(ids))
+        return await _stream_chat(request, ctx, group, body, plan, cid, created, model, len(ids))
 
 
 async def _stream_chat(request: web.Request, ctx: ServerContext, group: RequestGroup,
-                       body: ChatCompletionRequest, cid: str, created: int, model: str,
+                       body: ChatCompletionRequest, plan: ToolPlan, cid: str, created: int, model: str,
                        n_prompt: int) -> web.StreamResponse:
     include_usage = body.include_usage
     resp = await sse.open_sse(request)
@@ -153,15 +173,26 @@ async def _stream_chat(request: web.Request, ctx: ServerContext, group: RequestG
         await sse.send(resp, chunk([{"index": job.index, "delta": {"role": "assistant", "content": ""},
                                      "logprobs": None, "finish_reason": None}]))
     finals: list[RequestOutput] = []
+    streams = {job.index: DeltaStream(plan) for job in group.jobs}
     async with contextlib.aclosing(group.iterate()) as outputs:
         async for job, out in outputs:
-            if not out.text and not out.finished and not out.logprobs:
-                continue
-            delta = {"content": out.text} if out.text or not out.finished else {}
-            await sse.send(resp, chunk([{"index": job.index, "delta": delta,
-                                         "logprobs": chat_logprobs(ctx, out.logprobs),
-                                         "finish_reason": out.finish_reason if out.finished else None}]))
+            ds = streams[job.index]
+            deltas = ds.feed(out.text)
             if out.finished:
+                deltas += ds.finish()
+            logprobs = chat_logprobs(ctx, out.logprobs)
+            if logprobs and not deltas:
+                deltas = [{"content": ""}]     # the token's text is held back (a possible tool call)
+            last = len(deltas) - 1
+            for k, delta in enumerate(deltas):
+                final = out.finished and k == last
+                await sse.send(resp, chunk([{"index": job.index, "delta": delta,
+                                             "logprobs": logprobs if k == 0 else None,
+                                             "finish_reason": ds.finish_reason(out.finish_reason) if final else None}]))
+            if out.finished:
+                if not deltas:
+                    await sse.send(resp, chunk([{"index": job.index, "delta": {}, "logprobs": None,
+                                                 "finish_reason": ds.finish_reason(out.finish_reason)}]))
                 finals.append(out)
     if include_usage:
         await sse.send(resp, {"id": cid, "object": "chat.completion.chunk", "created": created,
@@ -179,13 +210,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = CompletionRequest.model_validate(await read_json(request))
     model = resolve_model(ctx, body.model)
     check_accepting(ctx)
+    if body.suffix:
+        raise FieldError("suffix", "suffix (fill-in-the-middle) is not supported")
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
     group = RequestGroup(ctx, "completion", deadline_s=body.request_timeout)
-    params = [body.sampling(group.default_max(ids)) for ids in prompts]
+    constraint = _grammar(body)
+    grammar = constraint[0] if constraint else None
+    params = [body.sampling(group.default_max(ids), grammar) for ids in prompts]
     for i, ids in enumerate(prompts):     # every prompt before the first is submitted
         check_prompt(ctx, ids, "prompt" if isinstance(body.prompt, str) or len(prompts) == 1 else f"prompt.{i}")
     check_sampling(ctx, params[0], body.logit_bias)
     check_fanout(len(prompts) * params[0].n)
+    if constraint is not None:
+        await compile_constraint(ctx.runtime, *constraint)
     cid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     echo = [ctx.tokenizer.decode(ids) if body.echo else "" for ids in prompts]

@@ -26,7 +26,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from ..engine.params import PoolingParams
 from .errors import APIError
-from .generation import check_accepting, check_token_ids
+from .generation import check_accepting, check_model, check_token_ids
 from .pooling import (
     DEFAULT_EMBEDDING_ALIAS, PoolGroup, check_ids, loaded, pack_base64, require,
     softmax, word_token_ids,
@@ -183,6 +183,7 @@ async def _next_token(ctx: ServerContext, prompts: list[list[int]], groups: list
 async def score(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = ScoreRequest.model_validate(await read_json(request))
+    check_model(ctx, body.model)
     items = body.items
     single = isinstance(items, str) or bool(items and all(isinstance(x, int) for x in items))
     if single:
@@ -219,6 +220,7 @@ def _doc_text(doc: str | dict[str, Any], i: int) -> str:
 async def rerank(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = RerankRequest.model_validate(await read_json(request))
+    check_model(ctx, body.model)
     docs = [_doc_text(d, i) for i, d in enumerate(body.documents)]
     _count(docs, "documents")
     cross = loaded(ctx, "rerank")
@@ -268,6 +270,7 @@ def _classify_prompt(ctx: ServerContext, text: str, labels: list[str]) -> list[i
 async def classify(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = ClassifyRequest.model_validate(await read_json(request))
+    check_model(ctx, body.model)
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     _count(texts, "input")
     clf = loaded(ctx, "classify")

@@ -4,7 +4,14 @@ OpenAI: `ChatCompletionRequest`, `CompletionRequest` (``max_tokens`` / ``max_com
 ``stop`` str | list, ``seed``, ``n``, ``logprobs`` / ``top_logprobs``,
 ``stream_options.include_usage``). Native (SGLang): `GenerateRequest` (text | input_ids, single
 or list = batch, ``sampling_params``, ``stream``, ``rid``), tokenize / detokenize and the
-control bodies. Unknown fields are ignored (clients send vendor extras), wrong types are 400s.
+control bodies. Wrong types are 400s, and so is a field the server does not know: every field
+accepted has its effect (`docs/api.md`, "Accepted fields"). The one exception is each body's
+`ignored` set, vendor extras with no effect on the output (``user``, ``metadata``, ``store``,
+...), dropped before validation.
+
+Output constraints (``response_format``, SGLang's ``regex`` / ``json_schema`` / ``ebnf`` /
+``structural_tag``, vLLM's ``guided_*``) and tools are read here and turned into a grammar by
+`constraints` and `tools`.
 
 Validation at the edge, in two layers, each a 400 naming the field (``param``):
 
@@ -22,10 +29,11 @@ lone surrogates, an object.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, WithJsonSchema,
+    model_validator,
 )
 
 from ..engine.params import SamplingParams
@@ -79,7 +87,13 @@ _MESSAGE_SCHEMA = {
             {"type": "array", "items": {
                 "type": "object", "required": ["type", "text"],
                 "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
-        "name": {"type": "string", "maxLength": MAX_ID_CHARS}}}
+        "name": {"type": "string", "maxLength": MAX_ID_CHARS},
+        # an assistant's calls (its content may then be null) and a tool's answer to one
+        "tool_calls": {"type": "array", "items": {"type": "object", "required": ["function"], "properties": {
+            "id": {"type": "string"}, "type": {"const": "function"},
+            "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+                "name": {"type": "string"}, "arguments": {"type": "string"}}}}}},
+        "tool_call_id": {"type": "string"}}}
 Message = Annotated[dict[str, Any], WithJsonSchema(_MESSAGE_SCHEMA)]
 Messages = Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
 # token id (as a string) -> bias; the keys are checked against the vocabulary in `generation`
@@ -89,8 +103,47 @@ IdsBatch = Annotated[list[TokenIds], Field(max_length=MAX_BATCH)]
 IdBatch = Annotated[list[Id], Field(max_length=MAX_BATCH)]
 
 
+# What the constraint fields look like (checked in full by `constraints`, which names the field).
+_OBJECT_OR_JSON = {"anyOf": [{"type": "object"}, {"type": "string"}]}
+_RESPONSE_FORMAT = {"type": "object", "required": ["type"], "properties": {
+    "type": {"enum": ["text", "json_object", "json_schema", "structural_tag"]},
+    "json_schema": {"type": "object", "properties": {
+        "name": {"type": "string"}, "schema": {"type": "object"}, "strict": {"type": "boolean"},
+        "description": {"type": "string"}}}}}
+ResponseFormat = Annotated[Any, WithJsonSchema(_RESPONSE_FORMAT)]
+ObjectOrJson = Annotated[Any, WithJsonSchema(_OBJECT_OR_JSON)]
+Spec = Annotated[StrictStr, Field(min_length=1, max_length=1 << 20)]
+Choices = Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1, max_length=1024)]
+_TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+        "description": {"type": "string"}, "parameters": {"type": "object"},
+        "strict": {"type": "boolean"}}}}}
+Tools = Annotated[list[Annotated[dict[str, Any], WithJsonSchema(_TOOL)]], Field(max_length=128)]
+_TOOL_CHOICE = {"anyOf": [{"enum": ["none", "auto", "required"]}, {
+    "type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]}
+ToolChoice = Annotated[Any, WithJsonSchema(_TOOL_CHOICE)]
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """A request body: unknown fields are a 400, except the vendor extras in `ignored`."""
+    model_config = ConfigDict(extra="forbid")
+    ignored: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_ignored(cls, data: Any) -> Any:
+        if isinstance(data, dict) and cls.ignored and not cls.ignored.isdisjoint(data):
+            data = {k: v for k, v in data.items() if k not in cls.ignored}
+        return data
+
+
+# OpenAI fields that change nothing in what is generated (bookkeeping, billing, caching hints).
+OPENAI_IGNORED = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key",
+                            "safety_identifier"})
 
 
 class StreamOptions(_Body):
@@ -107,6 +160,7 @@ class SessionParams(_Body):
 
 
 class _OpenAICommon(_Body):
+    ignored = OPENAI_IGNORED
     model: StrictStr | None = None
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
@@ -119,14 +173,21 @@ class _OpenAICommon(_Body):
     presence_penalty: Penalty | None = None
     stop: Stop | None = None
     stop_token_ids: StopTokenIds | None = None
-    logit_bias: LogitBias | None = None          # validated; not applied by the engine (yet)
+    logit_bias: LogitBias | None = None
     ignore_eos: StrictBool = False
     seed: Seed | None = None
     n: ChoiceCount = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    user: StrictStr | None = None
     rid: Id | None = None
+    # output constraints (one at most; `constraints`)
+    response_format: ResponseFormat | None = None
+    regex: Spec | None = None
+    ebnf: Spec | None = None
+    guided_json: ObjectOrJson | None = None
+    guided_regex: Spec | None = None
+    guided_grammar: Spec | None = None
+    guided_choice: Choices | None = None
     skip_special_tokens: StrictBool = True
     request_timeout: RequestTimeout | None = None
 
@@ -142,6 +203,7 @@ class _OpenAICommon(_Body):
             "ignore_eos": self.ignore_eos, "seed": self.seed, "n": self.n,
             "logprobs": logprobs, "top_logprobs": top,
             "skip_special_tokens": self.skip_special_tokens,
+            "logit_bias": bias_pairs(self.logit_bias),
         }
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                      "frequency_penalty", "presence_penalty"):
@@ -151,26 +213,34 @@ class _OpenAICommon(_Body):
         return kw
 
 
+def bias_pairs(bias: dict[str, Any] | None) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` ({"token id": bias}; keys checked against the vocabulary in `generation`)."""
+    return tuple((int(k), float(v)) for k, v in (bias or {}).items() if k.isascii() and k.isdigit())
+
+
 class ChatCompletionRequest(_OpenAICommon):
     messages: Messages
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
     session_params: SessionParams | None = None
     session_id: Id | None = None                 # shorthand for session_params {id}
     logprobs: StrictBool = False
     top_logprobs: TopLogprobs | None = None
 
-    def sampling(self, default_max: int) -> SamplingParams:
+    def sampling(self, default_max: int, grammar: tuple[str, str] | None = None) -> SamplingParams:
         mt = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         top = self.top_logprobs or 0
         if top and not self.logprobs:
             raise FieldError("top_logprobs", "top_logprobs requires logprobs: true")
-        return SamplingParams(**self._base(mt, default_max, self.logprobs, top))
+        return SamplingParams(**self._base(mt, default_max, self.logprobs, top), grammar=grammar)
 
 
 class CompletionRequest(_OpenAICommon):
     prompt: StrictStr | StrBatch | TokenIds | IdsBatch
     logprobs: TopLogprobs | None = None
     echo: StrictBool = False
-    suffix: StrictStr | None = None
+    suffix: StrictStr | None = None              # refused unless empty (no fill-in-the-middle)
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -182,10 +252,10 @@ class CompletionRequest(_OpenAICommon):
             return [list(p)]          # one prompt of token ids
         return list(p)
 
-    def sampling(self, default_max: int) -> SamplingParams:
+    def sampling(self, default_max: int, grammar: tuple[str, str] | None = None) -> SamplingParams:
         mt = self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
         lp = self.logprobs
-        return SamplingParams(**self._base(mt, default_max, lp is not None, lp or 0))
+        return SamplingParams(**self._base(mt, default_max, lp is not None, lp or 0), grammar=grammar)
 
 
 # -- native (SGLang) ----------------------------------------------------------------------------
@@ -202,13 +272,23 @@ class NativeSampling(_Body):
     presence_penalty: Penalty = 0.0
     stop: Stop | None = None
     stop_token_ids: StopTokenIds | None = None
-    logit_bias: LogitBias | None = None          # validated; not applied by the engine (yet)
+    logit_bias: LogitBias | None = None
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
     n: ChoiceCount = 1
     seed: Seed | None = None
+    # output constraints (one at most; `constraints`): SGLang's, and vLLM's aliases
+    json_schema: Spec | None = None
+    regex: Spec | None = None
+    ebnf: Spec | None = None
+    structural_tag: ObjectOrJson | None = None
+    guided_json: ObjectOrJson | None = None
+    guided_regex: Spec | None = None
+    guided_grammar: Spec | None = None
+    guided_choice: Choices | None = None
 
-    def to_params(self, default_max: int = 128, *, logprobs: bool = False, top: int = 0) -> SamplingParams:
+    def to_params(self, default_max: int = 128, *, logprobs: bool = False, top: int = 0,
+                  grammar: tuple[str, str] | None = None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             max_new_tokens=default_max if self.max_new_tokens is None else self.max_new_tokens,
@@ -217,7 +297,7 @@ class NativeSampling(_Body):
             presence_penalty=self.presence_penalty, stop=tuple(stop),
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens, n=self.n, seed=self.seed,
-            logprobs=logprobs, top_logprobs=top)
+            logprobs=logprobs, top_logprobs=top, logit_bias=bias_pairs(self.logit_bias), grammar=grammar)
 
 
 class GenerateRequest(_Body):

@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug-routes", action="store_true",
                    help="enable /debug/requests/{rid}, /debug/events (SSE) and /debug/diagram/{kind} "
                         "(behind --api-key when one is set)")
+    p.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json", "mistral"),
+                   help="how the model writes tool calls (default: chosen from its chat template)")
     p.add_argument("--log-level", default="info")
 
 
@@ -65,7 +67,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                                   max_queued_requests=getattr(args, "max_queued_requests", None),
                                   request_timeout_s=getattr(args, "request_timeout", None)),
         recorder=RecorderConfig(path=args.record),
-        debug_routes=bool(getattr(args, "debug_routes", False)))
+        debug_routes=bool(getattr(args, "debug_routes", False)),
+        tool_call_parser=getattr(args, "tool_call_parser", None))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,120 @@
+"""The edge of structured outputs on the tiny model: every way to ask for a constraint that is
+wrong is a 400 naming the field, and the server keeps serving; an unknown field is a 400 while
+a harmless vendor extra is not; ``logit_bias`` does what OpenAI says it does."""
+
+from __future__ import annotations
+
+import pytest
+
+from http_support import assert_error, load_tiny, serve, settle
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_tiny()
+
+
+BAD_CHAT = [
+    ({"response_format": "json"}, "response_format"),
+    ({"response_format": {"type": "bogus"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "[a-z]+"}, "guided_regex"),
+    ({"guided_regex": "[0-9"}, "guided_regex"),
+    ({"guided_grammar": "root ::= "}, "guided_grammar"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"regex": "a", "ebnf": 'root ::= "a"'}, "ebnf"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"audio": {"voice": "x"}}, "audio"),
+]
+
+
+@pytest.mark.parametrize("extra,param", BAD_CHAT, ids=[p for _, p in BAD_CHAT])
+async def test_a_bad_constraint_is_a_400_naming_the_field(tiny, extra, param):
+    async with serve(tiny) as (http, rt):
+        r = await http.post("/v1/chat/completions", json={**CHAT, **extra})
+        body = await r.json()
+        assert r.status == 400, body
+        assert_error(body, "invalid_request_error")
+        assert body["error"]["param"] == param, body
+        ok = await http.post("/v1/chat/completions", json=CHAT)       # and it keeps serving
+        assert ok.status == 200
+        await settle(rt)
+
+
+async def test_native_and_completion_constraints_are_checked_too(tiny):
+    async with serve(tiny) as (http, rt):
+        cases = [
+            ("/generate", {"text": "x", "sampling_params": {"regex": "(", "max_new_tokens": 2}},
+             "sampling_params.regex"),
+            ("/generate", {"text": ["x", "y"], "sampling_params": [{"max_new_tokens": 2},
+                                                                   {"json_schema": "[1]"}]},
+             "sampling_params.1.json_schema"),
+            ("/generate", {"text": "x", "sampling_params": {"structural_tag": {"structures": []}}},
+             "sampling_params.structural_tag"),
+            ("/generate", {"text": "x", "sampling_params": {"no_stop_trim": True}}, "sampling_params.no_stop_trim"),
+            ("/generate", {"text": "x", "lora_path": "a"}, "lora_path"),
+            ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix"),
+            ("/v1/completions", {"prompt": "x", "response_format": {"type": "xml"}}, "response_format.type"),
+        ]
+        for route, body, param in cases:
+            r = await http.post(route, json=body)
+            got = await r.json()
+            assert r.status == 400 and got["error"]["param"] == param, (route, body, got)
+        # vendor extras that change nothing are accepted
+        r = await http.post("/v1/chat/completions", json={**CHAT, "user": "u", "metadata": {"k": "v"},
+                                                          "store": False, "service_tier": "auto"})
+        assert r.status == 200, await r.text()
+        await settle(rt)
+
+
+async def test_constraints_are_honoured_on_the_tiny_model_too(tiny):
+    async with serve(tiny) as (http, rt):
+        r = await http.post("/generate", json={"text": "x", "sampling_params": {
+            "json_schema": '{"type": "object", "properties": {"a": {"type": "integer", "maximum": 99}}, '
+                           '"required": ["a"], "additionalProperties": false}',
+            "max_new_tokens": 40, "temperature": 0}})
+        body = await r.json()
+        assert r.status == 200, body
+        if body["meta_info"]["finish_reason"]["type"] == "stop":
+            import json
+            assert set(json.loads(body["text"])) == {"a"}
+        else:
+            assert body["text"].startswith('{"a": ')
+        r = await http.post("/generate", json={"text": "x", "sampling_params": {
+            "guided_choice": ["alpha", "beta"], "max_new_tokens": 10, "temperature": 1.0, "seed": 1, "n": 4}})
+        outs = await r.json()
+        assert [o["text"] in ("alpha", "beta") for o in outs] == [True] * 4
+        await settle(rt)
+
+
+async def test_logit_bias_bans_and_forces_tokens(tiny):
+    async with serve(tiny) as (http, rt):
+        tok = tiny[2]
+        base = await (await http.post("/generate", json={"text": "once upon a time", "sampling_params": {
+            "max_new_tokens": 12, "temperature": 0, "ignore_eos": True}})).json()
+        seen = sorted(set(base["output_ids"]))
+        assert seen
+        banned = await (await http.post("/generate", json={"text": "once upon a time", "sampling_params": {
+            "max_new_tokens": 12, "temperature": 0, "ignore_eos": True,
+            "logit_bias": {str(t): -100 for t in seen}}})).json()
+        assert not set(banned["output_ids"]) & set(seen), (seen, banned["output_ids"])
+        forced_id = tok.encode("zebra", add_special_tokens=False)[0]
+        forced = await (await http.post("/v1/completions", json={
+            "prompt": "once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 7, "ignore_eos": True,
+            "logit_bias": {str(forced_id): 100}})).json()
+        ids = tok.encode(forced["choices"][0]["text"], add_special_tokens=False)
+        assert set(ids) == {forced_id}, forced
+        # logprobs still report the model's own distribution, not the biased one
+        lp = await (await http.post("/v1/completions", json={
+            "prompt": "once upon a time", "max_tokens": 1, "temperature": 0, "logprobs": 1,
+            "logit_bias": {str(forced_id): 100}})).json()
+        assert lp["choices"][0]["logprobs"]["token_logprobs"][0] < -0.01
+        await settle(rt)
