@@ -122,6 +122,16 @@ async def test_regex_ebnf_choice_and_json_object_on_every_route(smol):
             response_format={"type": "json_object"}, temperature=0, max_tokens=200, frequency_penalty=0.5)
         assert obj.choices[0].finish_reason == "stop"
         assert isinstance(json.loads(obj.choices[0].message.content), dict)
+        # xgrammar's structural tag, in response_format: a tagged JSON answer
+        tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<answer>", "end": "</answer>",
+               "content": {"type": "json_schema", "json_schema": {"type": "object", "properties": {
+                   "capital": {"type": "string", "maxLength": 20}}, "required": ["capital"]}}}}
+        tagged = await oa.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "What is the capital of France?"}],
+            response_format=tag, temperature=0, max_tokens=40)
+        text = tagged.choices[0].message.content
+        assert text.startswith("<answer>") and text.endswith("</answer>"), text
+        assert set(json.loads(text[len("<answer>"):-len("</answer>")])) == {"capital"}
         # a streamed constrained run, with logprobs: the same text, and a logprob per token
         stream = await oa.chat.completions.create(
             model=NAME, messages=[{"role": "user", "content": "Pick a color."}], temperature=0, max_tokens=10,

@@ -118,3 +118,54 @@ async def test_logit_bias_bans_and_forces_tokens(tiny):
             "logit_bias": {str(forced_id): 100}})).json()
         assert lp["choices"][0]["logprobs"]["token_logprobs"][0] < -0.01
         await settle(rt)
+
+
+async def test_a_token_the_grammar_refuses_fails_that_request_alone(tiny):
+    """A sampler that ignores the mask (a bug, or a custom sampler) cannot smuggle a token past
+    the grammar: the matcher refuses it, that request fails, its neighbour in the step goes on."""
+    from actorserve.actors.runtime import Runtime
+    from actorserve.config import SchedulerConfig
+    from actorserve.engine.params import SamplingParams
+    from actorserve.engine.runner import build_engine
+    from actorserve.engine.sampling import sample
+    from actorserve.replay.check import check
+    from actorserve.replay.recorder import FlightRecorder
+    from actorserve.statemachines import LIFECYCLES
+
+    model, hf_tok, tok = tiny
+    digit = tok.encode("7", add_special_tokens=False)[-1]
+
+    def careless(logits, seqs):        # greedy on the raw logits, then a digit for everyone
+        return [(digit, None, None) for _ in sample(logits, seqs)]
+
+    engine = build_engine(model, num_blocks=64, block_size=16, tokenizer=hf_tok, sampler=careless)
+    rt = Runtime(engine, config=SchedulerConfig(), detokenizer=tok.detokenizer_for,
+                 recorder=FlightRecorder(lifecycles=LIFECYCLES.values()))
+    await rt.start()
+    letters = SamplingParams(max_new_tokens=4, grammar=("regex", "[a-z]+"))
+    await rt.compile_grammar(letters.grammar)
+    bad = rt.generate(tok.encode("x"), letters)
+    free = rt.generate(tok.encode("y"), SamplingParams(max_new_tokens=4, ignore_eos=True))
+    out = await bad.stream.final()
+    assert out.finish_reason == "error" and "refused token" in out.error and out.token_ids == []
+    ok = await free.stream.final()
+    assert ok.finish_reason == "length" and ok.token_ids == [digit] * 4
+    await rt.quiesce()
+    assert rt.stats().kv_used_blocks == 0 and rt.live_actors() == []
+    assert check(rt.recorder.events()).ok
+    await rt.shutdown()
+
+
+async def test_a_constrained_turn_in_a_session(tiny):
+    async with serve(tiny) as (http, rt):
+        assert (await http.post("/open_session", json={"session_id": "s"})).status == 200
+        texts = []
+        for i in range(2):
+            r = await http.post("/generate", json={"text": f"turn {i}", "session_params": {"id": "s"},
+                                                   "sampling_params": {"regex": "[0-9]{2}", "max_new_tokens": 5}})
+            body = await r.json()
+            assert r.status == 200, body
+            texts.append(body["text"])
+        assert all(len(t) == 2 and t.isdigit() for t in texts), texts
+        assert (await http.post("/close_session", json={"session_id": "s"})).status == 200
+        await settle(rt)

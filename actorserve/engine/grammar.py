@@ -87,6 +87,11 @@ class GrammarBackend:
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
         return self._compiler
 
+    def warm(self) -> None:
+        """Build the compiler now (a server does, on a thread at start-up), not on the first
+        constrained request."""
+        self._xgr()
+
     def compile(self, grammar: tuple[str, str]) -> tuple[Any, float, bool]:
         """``(compiled, seconds, cached)``; raises `GrammarError` for a spec that does not compile."""
         key = (grammar[0], grammar[1])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -76,6 +77,8 @@ def build_runtime(config: ServerConfig) -> Built:
         tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
     engine = build_engine(model, num_blocks=blocks, block_size=mc.block_size, threads=mc.threads,
                           tokenizer=hf_tok, model_name=name)
+    if getattr(engine, "grammar", None) is not None:      # read the vocabulary for xgrammar now,
+        threading.Thread(target=engine.grammar.warm, name="grammar-warm", daemon=True).start()
     rc = config.recorder
     recorder = FlightRecorder(path=rc.path, capacity=rc.capacity, lifecycles=LIFECYCLES.values(),
                               max_bytes=rc.max_bytes, backups=rc.backups)
