@@ -17,6 +17,7 @@ class ModelConfig:
     kv_blocks: int | None = None        # None = sized from kv_memory_gb
     kv_memory_gb: float = 1.0
     block_size: int = 16
+    dtype: str = "auto"                 # auto | float32 | bfloat16 (engine.dtype): weights and KV cache
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ class EngineInfo:
     eos_token_ids: tuple[int, ...]
     vocab_size: int
     kind: str = "generate"          # generate | embed
+    dtype: str = "float32"          # the weights' and the KV cache's (sampling is always fp32)
 
 
 @runtime_checkable

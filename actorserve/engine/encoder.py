@@ -78,7 +78,7 @@ class EncoderEngine:
         kind = "classify" if self.is_classifier else "embed"
         self.info = EngineInfo(model_name=name, block_size=BLOCK_SIZE, num_blocks=blocks,
                                max_model_len=max_len, eos_token_ids=(), vocab_size=int(cfg.vocab_size),
-                               kind=kind)
+                               kind=kind, dtype=str(next(model.parameters()).dtype).removeprefix("torch."))
 
     def release(self, seq: Sequence) -> None:
         """Nothing to forget: an encoder keeps no per-sequence state."""
@@ -165,10 +165,11 @@ def _sentence_max_len(path: Path) -> int | None:
 
 
 def load_encoder(spec: str | os.PathLike[str] | None = "embed", *, threads: int | None = None,
-                 **engine_kw: Any) -> tuple[EncoderEngine, Any, Path]:
+                 dtype: torch.dtype = torch.float32, **engine_kw: Any) -> tuple[EncoderEngine, Any, Path]:
     """Load an encoder from `spec` (``"embed"`` = the embedded all-MiniLM-L6-v2, or an HF
     folder); a folder whose config names a ``*ForSequenceClassification`` architecture loads
-    as a classifier. Returns ``(engine, hf_tokenizer, path)``. Offline only."""
+    as a classifier. Returns ``(engine, hf_tokenizer, path)``. Offline only. ``dtype`` is the
+    weights' (pooling itself runs in float32)."""
     from .models import resolve_model, served_name
     path = resolve_model(spec if spec is not None else "embed", convert=False)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -180,7 +181,7 @@ def load_encoder(spec: str | os.PathLike[str] | None = "embed", *, threads: int 
     archs = getattr(cfg, "architectures", None) or []
     cls = AutoModelForSequenceClassification if any(a.endswith("ForSequenceClassification")
                                                      for a in archs) else AutoModel
-    model = cls.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
+    model = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     model.requires_grad_(False)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     engine_kw.setdefault("max_input_tokens", _sentence_max_len(path))

@@ -102,8 +102,9 @@ def engine_info(model: Any, *, num_blocks: int, block_size: int, tokenizer: Any 
             or Path(str(getattr(cfg, "_name_or_path", "") or "model")).name or "model")
     vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None \
         else int(cfg.vocab_size)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return EngineInfo(model_name=name, block_size=block_size, num_blocks=num_blocks, max_model_len=limit,
-                      eos_token_ids=_eos_ids(model, tokenizer), vocab_size=int(vocab))
+                      eos_token_ids=_eos_ids(model, tokenizer), vocab_size=int(vocab), dtype=dtype)
 
 
 def supports_paged(model: Any) -> bool:

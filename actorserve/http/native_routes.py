@@ -138,7 +138,7 @@ async def model_info(request: web.Request) -> web.Response:
         "is_generation": info.kind == "generate", "max_model_len": info.max_model_len,
         "context_length": ctx.capacity, "vocab_size": info.vocab_size,
         "eos_token_ids": list(info.eos_token_ids), "block_size": info.block_size,
-        "num_blocks": info.num_blocks})
+        "num_blocks": info.num_blocks, "dtype": info.dtype})
 
 
 def _jsonable(obj: Any) -> Any:
@@ -161,6 +161,7 @@ async def server_info(request: web.Request) -> web.Response:
     rt = ctx.runtime
     return web.json_response({
         **_jsonable(rt.server_info()), "served_model_name": ctx.served_name,
+        "dtype": rt.engine_info.dtype, "dtype_reason": ctx.extra.get("dtype_reason"),
         "scheduler": _jsonable(ctx.runtime.stats()),
         "pooling": {key: _jsonable(st) for key, st in rt.pool_stats().items()}, "config": cfg,
         "uptime_s": round(time.time() - ctx.created, 3) if ctx.created else None})

@@ -152,7 +152,7 @@ class PoolGroup:
 
 
 # -- loading -----------------------------------------------------------------------------------
-def load_pool_models(model_config: Any) -> dict[str, PoolModel]:
+def load_pool_models(model_config: Any, dtype: Any = None) -> dict[str, PoolModel]:
     """The pooling engines a `ModelConfig` asks for: ``embedding_model`` (default: the embedded
     all-MiniLM-L6-v2, skipped with a warning when its package is missing; None/"none" = off),
     ``rerank_model`` and ``classify_model`` (local folders; a bad one is an error)."""
@@ -169,7 +169,8 @@ def load_pool_models(model_config: Any) -> dict[str, PoolModel]:
         if spec is None or str(spec).lower() in ("", "none", "off"):
             continue
         try:
-            engine, tok, _ = load_encoder(spec, threads=model_config.threads)
+            kw = {} if dtype is None else {"dtype": dtype}
+            engine, tok, _ = load_encoder(spec, threads=model_config.threads, **kw)
         except ModelNotFound as exc:
             if target == "embed" and spec == "embed":
                 logging.getLogger("actorserve.http").warning("no embedding model: %s", exc)

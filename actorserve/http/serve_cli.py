@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-blocks", type=int, default=None, help="KV cache blocks (default: from --kv-memory-gb)")
     p.add_argument("--kv-memory-gb", type=float, default=1.0)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="weights and KV cache; auto = bfloat16 where the CPU has AMX/AVX-512 BF16 "
+                        "(or the GPU supports it), else float32. Sampling and pooling stay float32")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=None)
     p.add_argument("--record", default=None, metavar="PATH", help="flight-recorder JSONL file")
@@ -59,6 +62,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host, port=args.port, api_key=args.api_key,
         model=ModelConfig(model=args.model, threads=args.threads, kv_blocks=args.kv_blocks,
                           kv_memory_gb=args.kv_memory_gb, block_size=args.block_size,
+                          dtype=getattr(args, "dtype", "auto"),
                           embedding_model=None if str(args.embedding_model).lower() in ("none", "off", "")
                           else args.embedding_model,
                           rerank_model=args.rerank_model, classify_model=args.classify_model),

@@ -42,6 +42,7 @@ class Built:
     served_name: str
     model_path: str
     pool_models: Any = None            # target -> http.pooling.PoolModel (embed, rerank, classify)
+    dtype_reason: str = ""             # why --dtype chose what it did ("auto: the CPU has amx_bf16")
 
 
 def kv_bytes_per_block(model_config: Any, block_size: int, dtype_bytes: int = 4) -> int:
@@ -52,12 +53,13 @@ def kv_bytes_per_block(model_config: Any, block_size: int, dtype_bytes: int = 4)
     return 2 * layers * block_size * n_kv * head_dim * dtype_bytes
 
 
-def num_kv_blocks(model_config: Any, *, kv_blocks: int | None, kv_memory_gb: float, block_size: int) -> int:
+def num_kv_blocks(model_config: Any, *, kv_blocks: int | None, kv_memory_gb: float, block_size: int,
+                  dtype_bytes: int = 4) -> int:
     if kv_blocks is not None:
         if kv_blocks < 1:
             raise ValueError(f"kv_blocks must be >= 1, got {kv_blocks}")
         return kv_blocks
-    per = kv_bytes_per_block(model_config, block_size)
+    per = kv_bytes_per_block(model_config, block_size, dtype_bytes)
     return max(1, int(kv_memory_gb * (1 << 30)) // per)
 
 
@@ -66,10 +68,14 @@ def build_runtime(config: ServerConfig) -> Built:
     from ..engine.runner import build_engine
     from ..engine.tokenizer import TextTokenizer
 
+    from ..engine.dtype import dtype_name, resolve_dtype
+
     mc = config.model
-    model, hf_tok, path = load_model(mc.model, threads=mc.threads)
+    dtype, why = resolve_dtype(mc.dtype)
+    log.info("dtype %s (%s)", dtype_name(dtype), why)
+    model, hf_tok, path = load_model(mc.model, threads=mc.threads, dtype=dtype)
     blocks = num_kv_blocks(model.config, kv_blocks=mc.kv_blocks, kv_memory_gb=mc.kv_memory_gb,
-                           block_size=mc.block_size)
+                           block_size=mc.block_size, dtype_bytes=dtype.itemsize)
     name = getattr(model, "actorserve_name", None) or str(path)
     tokenizer = TextTokenizer(hf_tok, generation_config=getattr(model, "generation_config", None))
     if not tokenizer.has_chat_template:
@@ -83,11 +89,11 @@ def build_runtime(config: ServerConfig) -> Built:
     recorder = FlightRecorder(path=rc.path, capacity=rc.capacity, lifecycles=LIFECYCLES.values(),
                               max_bytes=rc.max_bytes, backups=rc.backups)
     from .pooling import load_pool_models
-    pool = load_pool_models(mc)
+    pool = load_pool_models(mc, dtype)
     runtime = Runtime(engine, config=config.scheduler, recorder=recorder,
                       pooling_engines={k: pm.engine for k, pm in pool.items()},
                       detokenizer=tokenizer.detokenizer_for)
-    return Built(runtime, tokenizer, name, str(path), pool)
+    return Built(runtime, tokenizer, name, str(path), pool, f"{dtype_name(dtype)} ({why})")
 
 
 def make_app(config: ServerConfig, built: Built | None = None) -> web.Application:
@@ -96,6 +102,7 @@ def make_app(config: ServerConfig, built: Built | None = None) -> web.Applicatio
                     pool_models=built.pool_models)
     from .state import CTX
     app[CTX].extra["model_path"] = built.model_path
+    app[CTX].extra["dtype_reason"] = built.dtype_reason
     return app
 
 
