@@ -42,7 +42,7 @@ from runtime_helpers import assert_nothing_held
 EXAMPLES = {GenerationMode.POSITIVE: 25, GenerationMode.NEGATIVE: 10}
 REQUEST_TIMEOUT_S = 20.0
 DEADLINE_S = 1.0           # the server's own deadline for every request: bounds a long generation
-HEALTH_PATHS = {"/health", "/health_generate"}      # their 503 is a status, not a failure
+HEALTH_PATHS = {"/health", "/ping", "/health_generate"}     # their 503 is a status, not a failure
 KINDS = ("generation", "pooling", "control", "session")     # each request of these ends once
 CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 6,
         "temperature": 0, "ignore_eos": True}

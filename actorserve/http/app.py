@@ -25,7 +25,14 @@ from .errors import APIError, error_middleware, error_response
 from .metrics import Metrics, metrics_handler
 from .state import CTX, ServerContext
 
-OPEN_PATHS = frozenset({"/health", "/openapi.json"})
+OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/openapi.json"})
+
+
+async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """A client's ``X-Request-Id`` comes back on its response (errors and streams too)."""
+    rid = request.headers.get("X-Request-Id")
+    if rid is not None and len(rid) <= 256 and rid.isprintable():
+        response.headers["X-Request-Id"] = rid
 
 
 def auth_middleware(api_key: str | None) -> Any:
@@ -57,6 +64,7 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
     ``pool_models``: target -> `http.pooling.PoolModel` for the runtime's pooling engines."""
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[error_middleware, auth_middleware(config.api_key)])
+    app.on_response_prepare.append(_echo_request_id)
     ctx = ServerContext(runtime=runtime, tokenizer=tokenizer, config=config, served_name=served_name,
                         created=int(time.time()))
     ctx.metrics = Metrics(runtime.stats, runtime.snapshot, runtime.pool_stats)

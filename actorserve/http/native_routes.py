@@ -1,5 +1,6 @@
 """Native (SGLang-style) routes: `/generate`, `/tokenize`, `/detokenize`, `/model_info`,
-`/server_info`, `/health`.
+`/server_info`, `/health`; `/version`, `/ping` (SageMaker-style liveness), and vLLM's
+`/v1/tokenize` / `/v1/detokenize` aliases.
 
 `/generate` takes ``text`` or ``input_ids``, one or a list (a list answers a list), with
 ``sampling_params`` (one for all, or one per input) and ``sampling_params.n`` copies per input.
@@ -174,10 +175,25 @@ async def health(request: web.Request) -> web.Response:
                               "health": snap.health}, status=200 if ok else 503)
 
 
+async def version(request: web.Request) -> web.Response:
+    from .. import __version__
+    return web.json_response({"version": __version__})
+
+
+async def ping(request: web.Request) -> web.Response:
+    """SageMaker-style liveness (``GET``/``POST /ping``): the same verdict as ``/health``."""
+    return await health(request)
+
+
 ROUTES = [
     web.post("/generate", generate),
     web.post("/tokenize", tokenize),
     web.post("/detokenize", detokenize),
+    web.post("/v1/tokenize", tokenize),          # vLLM's paths for the same two
+    web.post("/v1/detokenize", detokenize),
+    web.get("/version", version),
+    web.get("/ping", ping),
+    web.post("/ping", ping),
     web.get("/model_info", model_info),
     web.get("/get_model_info", model_info),
     web.get("/server_info", server_info),

@@ -126,6 +126,8 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     native_routes.model_info: Op("The model's geometry"),
     native_routes.server_info: Op("Server state, scheduler and pooling statistics, config"),
     native_routes.health: Op("Shallow health: serving and healthy", health=True),
+    native_routes.ping: Op("Liveness (SageMaker-style): as /health", health=True),
+    native_routes.version: Op("The server's version"),
     control_routes.abort_request: Op("Abort a request, a prefix of ids, or all", AbortBody),
     control_routes.pause_generation: Op("Pause generation", PauseBody, body_required=False),
     control_routes.continue_generation: Op("Continue after a pause"),
