@@ -247,8 +247,9 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
     if trunc:
         probs, order = _truncated_sorted_probs(_scaled(work, trunc, seqs), [seqs[i] for i in trunc])
         positions = _draw(probs, trunc, seqs)
-        for j, (i, p) in enumerate(zip(trunc, positions)):
-            tokens[i] = int(order[j, p].item())
+        picked = order[torch.arange(len(trunc), device=order.device), torch.tensor(positions, dtype=torch.long, device=order.device)].tolist()
+        for i, t in zip(trunc, picked):
+            tokens[i] = t
 
     want_lp = [i for i, s in enumerate(seqs) if s.sampling.logprobs or s.sampling.top_logprobs > 0]
     logprobs: list[float | None] = [None] * len(seqs)
@@ -260,10 +261,11 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
         if k_max > 0:
             top_v, top_i = lp.topk(min(k_max, lp.shape[-1]), dim=-1)
             top_v, top_i = top_v.tolist(), top_i.tolist()
+        chosen_lp = chosen[:, 0].tolist()        # one transfer, not one .item() per row
         for j, i in enumerate(want_lp):
             sp = seqs[i].sampling
             if sp.logprobs:
-                logprobs[i] = float(chosen[j, 0].item())
+                logprobs[i] = float(chosen_lp[j])
             if sp.top_logprobs > 0:
                 k = sp.top_logprobs
                 tops[i] = [(int(t), float(v)) for t, v in zip(top_i[j][:k], top_v[j][:k])]
