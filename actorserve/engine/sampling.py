@@ -247,7 +247,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
     if trunc:
         probs, order = _truncated_sorted_probs(_scaled(work, trunc, seqs), [seqs[i] for i in trunc])
         positions = _draw(probs, trunc, seqs)
-        picked = order[torch.arange(len(trunc), device=order.device), torch.tensor(positions, dtype=torch.long, device=order.device)].tolist()
+        rows = torch.arange(len(trunc), device=order.device)
+        picked = order[rows, torch.tensor(positions, dtype=torch.long, device=order.device)].tolist()
         for i, t in zip(trunc, picked):
             tokens[i] = t
 
