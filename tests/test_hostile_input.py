@@ -43,6 +43,8 @@ ROUTES: dict[str, dict[str, Any]] = {
     "/generate": {"text": "hi", "sampling_params": {"max_new_tokens": 2}},
     "/tokenize": {"text": "hi"},
     "/detokenize": {"tokens": [1, 2]},
+    "/v1/tokenize": {"text": "hi"},
+    "/v1/detokenize": {"tokens": [1, 2]},
     "/v1/embeddings": {"input": "hi"},
     "/encode": {"text": "hi"},
     "/v1/score": {"query": "Is it good? ", "items": ["yes"], "label_token_ids": [1, 2]},
@@ -58,7 +60,7 @@ ROUTES: dict[str, dict[str, Any]] = {
     "/close_session": {"session_id": "nobody"},
 }
 OPTIONAL_BODY = {"/pause_generation", "/continue_generation", "/flush_cache", "/open_session"}
-IGNORES_BODY = {"/health_generate"}          # a probe: its body is never read
+IGNORES_BODY = {"/health_generate", "/ping"}   # a probe, a liveness check: the body is never read
 
 MULTIPART = (b'--xyz\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi\r\n--xyz--\r\n',
              "multipart/form-data; boundary=xyz")
