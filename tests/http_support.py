@@ -29,6 +29,15 @@ def load_tiny() -> tuple[Any, Any, Any]:
     return model, hf_tok, tok
 
 
+def load_smol() -> tuple[Any, Any, Any]:
+    """The embedded SmolLM2-135M-Instruct with its own chat template (structured-output tests)."""
+    from actorserve.engine.models import load_model
+    from actorserve.engine.tokenizer import TextTokenizer
+
+    model, hf_tok, _ = load_model("default", threads=2)
+    return model, hf_tok, TextTokenizer(hf_tok, generation_config=model.generation_config)
+
+
 @contextlib.asynccontextmanager
 async def serve(tiny: tuple[Any, Any, Any], *, api_key: str | None = None, kv_blocks: int = 64,
                 max_body_bytes: int = 8 << 20, name: str = NAME,

@@ -24,7 +24,7 @@ from actorserve.replay.recorder import FlightRecorder, read_recording
 from actorserve.replay.reexec import reexecute
 from actorserve.statemachines import LIFECYCLES
 
-from http_support import serve, settle
+from http_support import load_smol, serve, settle, until
 
 pytestmark = pytest.mark.model
 NAME = "smollm2"
@@ -49,10 +49,7 @@ TOPICS = ["a baker", "a pilot", "a painter", "a nurse", "a chess player", "a far
 
 @pytest.fixture(scope="module")
 def smol():
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
-    model, hf_tok, _ = load_model("default", threads=2)
-    return model, hf_tok, TextTokenizer(hf_tok, generation_config=model.generation_config)
+    return load_smol()
 
 
 def client(http) -> AsyncOpenAI:
@@ -171,14 +168,6 @@ def person_params(**kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_new_tokens=160, grammar=("json_schema", json.dumps(PERSON)), **kw)
 
 
-async def until(pred, timeout: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not pred():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.005)
-
-
 @pytest.mark.parametrize("mode", ["in_place", "retract"])
 async def test_pause_mid_grammar_keeps_the_matcher(smol, mode):
     tok = smol[2]
@@ -189,7 +178,7 @@ async def test_pause_mid_grammar_keeps_the_matcher(smol, mode):
     expected = [(await rt.generate(p, sp).stream.final()).text for p in prompts]
     hs = [rt.generate(p, sp) for p in prompts]
     base = rt.stats().generated_tokens
-    await until(lambda: rt.stats().generated_tokens >= base + 40)       # inside the records
+    await until(lambda: rt.stats().generated_tokens >= base + 40, 60.0)       # inside the records
     assert (await rt.control(PauseGeneration(mode))).ok
     if mode == "retract":
         assert rt.stats().kv_used_blocks == 0      # recomputed on continue; the matcher stays
@@ -210,7 +199,7 @@ async def test_abort_mid_grammar_ends_once_and_frees_everything(smol):
     sp = person_params()
     await rt.compile_grammar(sp.grammar)
     h = rt.generate(tok.apply_chat_template(chat("a miner")), sp, rid="g")
-    await until(lambda: rt.stats().generated_tokens >= 8)
+    await until(lambda: rt.stats().generated_tokens >= 8, 60.0)
     assert (await rt.control(AbortRequest(rid="g"))).detail["aborted"] == 1
     out = await h.stream.final()
     assert out.finish_reason == "abort" and 0 < out.completion_tokens < 160

@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from http_support import serve, settle
+from http_support import load_smol, serve, settle
 
 pytestmark = pytest.mark.model
 NAME = "smollm2"
@@ -34,10 +34,7 @@ ASK = [{"role": "user", "content": "What will the weather be in Lisbon for the n
 
 @pytest.fixture(scope="module")
 def smol():
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
-    model, hf_tok, _ = load_model("default", threads=2)
-    return model, hf_tok, TextTokenizer(hf_tok, generation_config=model.generation_config)
+    return load_smol()
 
 
 def client(http) -> AsyncOpenAI:

@@ -46,7 +46,7 @@ from typing import Any, Callable
 from ..config import SchedulerConfig
 from ..engine.base import Engine
 from ..engine.heads import apply_head
-from ..engine.params import PoolingParams, SamplingParams
+from ..engine.params import ParamError, PoolingParams, SamplingParams
 from ..engine.sequence import Sequence
 from ..messages import (
     DEADLINE_EXCEEDED, AbortRequest, Aborted, ControlResult, Delivered, Drain, HealthDone, OpenSession, ServerEvent, SessionEnd,
@@ -260,7 +260,6 @@ class Runtime:
         holds up the loop. Returns the seconds it took (0 when cached); noted as a ``grammar``
         input with its compile time. Raises `ParamError` (a 400) for a spec that does not
         compile, or when the engine has no grammar backend."""
-        from ..engine.params import ParamError
         backend = getattr(self.engine, "grammar", None)
         if backend is None:
             raise ParamError("this engine does not support constrained decoding")

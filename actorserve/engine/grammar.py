@@ -161,20 +161,13 @@ def _clean(exc: BaseException) -> str:
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
-_BITMASK: dict[tuple[int, int], torch.Tensor] = {}
-
-
 def mask_rows(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     """Set every token a constrained row's grammar forbids next to ``-inf`` (in place)."""
     rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
     if not rows:
         return
     import xgrammar as xgr
-    vocab = logits.shape[-1]
-    key = (len(rows), vocab)
-    bitmask = _BITMASK.get(key)
-    if bitmask is None:
-        bitmask = _BITMASK[key] = xgr.allocate_token_bitmask(len(rows), vocab)
+    bitmask = xgr.allocate_token_bitmask(len(rows), logits.shape[-1])   # small: vocab / 32 ints a row
     for j, i in enumerate(rows):
         seqs[i].grammar.fill_next_token_bitmask(bitmask, j)
     if len(rows) == len(seqs):
@@ -191,8 +184,6 @@ def accept(seq: Sequence, token: int) -> str | None:
     m = seq.grammar
     if m is None:
         return None
-    if m.is_terminated():
-        return "stop"
     if not m.accept_token(int(token)):
         return f"the grammar refused token {token}"
     return "stop" if m.is_terminated() else None
