@@ -23,6 +23,7 @@ from .errors import APIError, FieldError
 from .generation import (
     RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling, session_prompt, session_rid,
 )
+from .logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from .schemas import SessionParams
 from .schemas import ChatCompletionRequest, CompletionRequest, read_json
 from .state import CTX, ServerContext
@@ -43,55 +44,6 @@ def _usage(outs: list[RequestOutput], prompt_tokens: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
             "total_tokens": prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-def _token_str(ctx: ServerContext, tid: int) -> str:
-    return ctx.tokenizer.decode([tid], skip_special_tokens=False)
-
-
-def chat_logprobs(ctx: ServerContext, lps: list[Any] | None) -> dict[str, Any] | None:
-    if lps is None:
-        return None
-    content = []
-    for tid, lp, top in lps:
-        s = _token_str(ctx, tid)
-        content.append({"token": s, "logprob": lp, "bytes": list(s.encode()),
-                        "top_logprobs": [{"token": _token_str(ctx, t), "logprob": v,
-                                          "bytes": list(_token_str(ctx, t).encode())}
-                                         for t, v in (top or [])]})
-    return {"content": content}
-
-
-class TextOffsets:
-    """OpenAI's ``text_offset`` for one choice: where each generated token's text begins in
-    the choice's whole text, the echoed prompt included (``start``). The ids are decoded in
-    context, as the choice's text was, so the offsets index that text even where a token
-    decoded alone differs (SentencePiece drops a leading space, a character spread over
-    byte tokens); a stream keeps one per choice, so each chunk goes on where the last ended."""
-
-    def __init__(self, ctx: ServerContext, start: int, skip_special_tokens: bool) -> None:
-        self._detok = ctx.tokenizer.new_detokenizer(skip_special_tokens=skip_special_tokens)
-        self.at = start
-
-    def take(self, tid: int) -> int:
-        """The offset of token `tid`, the next one of the choice."""
-        at = self.at
-        self.at += len(self._detok.add([tid]))
-        return at
-
-
-def completion_logprobs(ctx: ServerContext, lps: list[Any] | None,
-                        offsets_of: TextOffsets) -> dict[str, Any] | None:
-    if lps is None:
-        return None
-    tokens, token_lps, tops, offsets = [], [], [], []
-    for tid, lp, top in lps:
-        s = _token_str(ctx, tid)
-        offsets.append(offsets_of.take(tid))
-        tokens.append(s)
-        token_lps.append(lp)
-        tops.append({_token_str(ctx, t): v for t, v in (top or [])} if top else None)
-    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
 def _grammar(body: Any, plan: ToolPlan | None = None) -> tuple[tuple[str, str], str] | None:
