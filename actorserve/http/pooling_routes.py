@@ -12,6 +12,9 @@ Every input becomes one pooling request (`PoolGroup`), routed by what is loaded:
   next-token distribution of the generation model;
 * classify -> the ``classify`` sequence classifier when ``--classify-model`` is loaded, else a
   classifier from label tokens on the generation model (default labels negative/positive).
+
+`embed_vectors` and `rerank_documents` do the work; the Cohere v2 routes (`cohere_routes`)
+call them too, so both APIs give the same vectors and the same scores.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
@@ -28,7 +32,7 @@ from ..engine.params import PoolingParams
 from .errors import APIError
 from .generation import check_accepting, check_model, check_token_ids
 from .pooling import (
-    DEFAULT_EMBEDDING_ALIAS, PoolGroup, check_ids, loaded, pack_base64, require,
+    DEFAULT_EMBEDDING_ALIAS, PoolGroup, PoolModel, check_ids, loaded, pack_base64, require,
     softmax, word_token_ids,
 )
 from .schemas import INT32_MAX, TokenIds, _Body, read_json
@@ -107,8 +111,20 @@ def _embed_inputs(raw: Any) -> list[str | list[int]]:
     return list(raw)
 
 
-async def _embed(ctx: ServerContext, inputs: list[str | list[int]], dimensions: int | None,
-                 what: str, param: str, single: bool) -> tuple[list[list[float]], int, str]:
+def check_embedding_model(ctx: ServerContext, model: str | None, what: str) -> PoolModel:
+    """The loaded embedding model, which ``model`` (if given) must name: 404 otherwise."""
+    pm = require(ctx, "embed", what)
+    if model not in (None, "", pm.name, DEFAULT_EMBEDDING_ALIAS):
+        raise APIError(404, f"the model {model!r} does not exist; embeddings are served by "
+                            f"{pm.name!r} (also {DEFAULT_EMBEDDING_ALIAS!r})", code="model_not_found",
+                       param="model")
+    return pm
+
+
+async def embed_vectors(ctx: ServerContext, inputs: list[str | list[int]], dimensions: int | None,
+                        what: str, param: str, single: bool) -> tuple[list[list[float]], int, str]:
+    """The embedding of each input (a text, or token ids with the model's special tokens), the
+    tokens they took, and the model's name; ``param`` names the inputs' field in errors."""
     pm = require(ctx, "embed", what)
     _count(inputs, param)
     vocab = pm.engine.info.vocab_size
@@ -133,13 +149,10 @@ async def _embed(ctx: ServerContext, inputs: list[str | list[int]], dimensions: 
 async def embeddings(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = EmbeddingRequest.model_validate(await read_json(request))
-    pm = require(ctx, "embed", "/v1/embeddings")
-    if body.model not in (None, "", pm.name, DEFAULT_EMBEDDING_ALIAS):
-        raise APIError(404, f"the model {body.model!r} does not exist; embeddings are served by "
-                            f"{pm.name!r} (also {DEFAULT_EMBEDDING_ALIAS!r})", code="model_not_found")
+    check_embedding_model(ctx, body.model, "/v1/embeddings")
     single = isinstance(body.input, str) or bool(body.input and isinstance(body.input[0], int))
-    vecs, n, name = await _embed(ctx, _embed_inputs(body.input), body.dimensions, "/v1/embeddings",
-                                 "input", single)
+    vecs, n, name = await embed_vectors(ctx, _embed_inputs(body.input), body.dimensions,
+                                        "/v1/embeddings", "input", single)
     data = [{"object": "embedding", "index": i,
              "embedding": pack_base64(v) if body.encoding_format == "base64" else v}
             for i, v in enumerate(vecs)]
@@ -155,8 +168,8 @@ async def encode(request: web.Request) -> web.Response:
     raw = body.text if body.text is not None else body.input_ids
     batch = isinstance(raw, list) and not (raw and all(isinstance(x, int) for x in raw))
     inputs = _embed_inputs(raw)
-    vecs, _, _ = await _embed(ctx, inputs, None, "/encode", "text" if body.text is not None else "input_ids",
-                              not batch)
+    vecs, _, _ = await embed_vectors(ctx, inputs, None, "/encode",
+                                     "text" if body.text is not None else "input_ids", not batch)
     out = [{"embedding": v, "meta_info": {"prompt_tokens": None}} for v in vecs]
     return web.json_response(out if batch else out[0])
 
@@ -206,8 +219,9 @@ async def score(request: web.Request) -> web.Response:
                               "usage": _usage(sum(len(p) for p in prompts))})
 
 
-# -- rerank --------------------------------------------------------------------------------------
-def _doc_text(doc: str | dict[str, Any], i: int) -> str:
+# -- rerank ---------------------------------------------------------------------------------------
+def doc_text(doc: str | dict[str, Any], i: int) -> str:
+    """A document: a string, or an object with a string ``text``."""
     if isinstance(doc, str):
         return doc
     text = doc.get("text")
@@ -217,44 +231,75 @@ def _doc_text(doc: str | dict[str, Any], i: int) -> str:
     return text
 
 
-async def rerank(request: web.Request) -> web.Response:
-    ctx = request.app[CTX]
-    body = RerankRequest.model_validate(await read_json(request))
-    check_model(ctx, body.model)
-    docs = [_doc_text(d, i) for i, d in enumerate(body.documents)]
+def _first_tokens(hf_tokenizer: Any, text: str, n: int) -> str:
+    """`text` cut after its first `n` tokens (no special tokens counted), at a token boundary."""
+    try:
+        enc = hf_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    except NotImplementedError:        # a slow tokenizer has no offsets: decode the kept tokens
+        ids = hf_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+        return text if len(ids) <= n else hf_tokenizer.decode(ids[:n])
+    offsets = enc["offset_mapping"]
+    return text if len(offsets) <= n else text[:offsets[n - 1][1]]
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """Each document's relevance to the query (in [0, 1] for the decoder-only judge), the model
+    that scored them and the tokens scored."""
+    scores: list[float]
+    name: str
+    tokens: int
+
+    def order(self, top_n: int | None) -> list[int]:
+        """Document indices, most relevant first, the first `top_n` of them."""
+        order = sorted(range(len(self.scores)), key=lambda i: -self.scores[i])
+        return order if top_n is None else order[:top_n]
+
+
+async def rerank_documents(ctx: ServerContext, query: str, docs: list[str],
+                           max_tokens_per_doc: int | None = None) -> Ranking:
+    """Score each document against the query: the cross-encoder when one is loaded, else the
+    generation model's yes/no judgement. ``max_tokens_per_doc`` cuts each document first."""
     _count(docs, "documents")
     cross = loaded(ctx, "rerank")
+    if max_tokens_per_doc is not None:
+        tok = cross.tokenizer if cross is not None else ctx.tokenizer.hf
+        docs = [_first_tokens(tok, d, max_tokens_per_doc) for d in docs]
     if cross is not None:
-        pairs = [cross.encode(body.query, d) for d in docs]
+        pairs = [cross.encode(query, d) for d in docs]
         check_accepting(ctx)
         async with PoolGroup(ctx, "rerank") as group:
             for ids in pairs:
                 group.submit(ids, PoolingParams(task="rerank", head="last"), target="rerank")
             scores = await group.results()
-        name, tokens = cross.name, sum(len(p) for p in pairs)
-    else:
-        yes, no = word_token_ids(ctx, ["yes"]), word_token_ids(ctx, ["no"])
-        if not yes or not no:
-            raise APIError(400, "the generation model's vocabulary has no single 'yes'/'no' token; "
-                                "load a cross-encoder with --rerank-model PATH")
-        prompts = [ctx.tokenizer.apply_chat_template(
-            [{"role": "system", "content": JUDGE_SYSTEM},
-             {"role": "user", "content": f"<Query>: {body.query}\n<Document>: {d}\n"
-                                         "Does the Document answer the Query? Answer yes or no."}])
-            for d in docs]
-        rows = await _next_token(ctx, prompts, [yes, no], "rerank")
-        scores = [softmax(r)[0] for r in rows]
-        name, tokens = ctx.served_name, sum(len(p) for p in prompts)
-    order = sorted(range(len(docs)), key=lambda i: -scores[i])
-    if body.top_n is not None:
-        order = order[:body.top_n]
+        return Ranking(scores, cross.name, sum(len(p) for p in pairs))
+    yes, no = word_token_ids(ctx, ["yes"]), word_token_ids(ctx, ["no"])
+    if not yes or not no:
+        raise APIError(400, "the generation model's vocabulary has no single 'yes'/'no' token; "
+                            "load a cross-encoder with --rerank-model PATH")
+    prompts = [ctx.tokenizer.apply_chat_template(
+        [{"role": "system", "content": JUDGE_SYSTEM},
+         {"role": "user", "content": f"<Query>: {query}\n<Document>: {d}\n"
+                                     "Does the Document answer the Query? Answer yes or no."}])
+        for d in docs]
+    rows = await _next_token(ctx, prompts, [yes, no], "rerank")
+    return Ranking([softmax(r)[0] for r in rows], ctx.served_name, sum(len(p) for p in prompts))
+
+
+async def rerank(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    body = RerankRequest.model_validate(await read_json(request))
+    check_model(ctx, body.model)
+    docs = [doc_text(d, i) for i, d in enumerate(body.documents)]
+    ranking = await rerank_documents(ctx, body.query, docs)
     results = []
-    for i in order:
-        r: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+    for i in ranking.order(body.top_n):
+        r: dict[str, Any] = {"index": i, "relevance_score": ranking.scores[i]}
         if body.return_documents:
             r["document"] = {"text": docs[i]}
         results.append(r)
-    return web.json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": body.model or name,
+    tokens = ranking.tokens
+    return web.json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": body.model or ranking.name,
                               "results": results, "usage": {"total_tokens": tokens, "prompt_tokens": tokens}})
 
 
