@@ -1,8 +1,8 @@
 """`build_app`: the aiohttp application over a started (or to-be-started) `Runtime`.
 
-One route table (OpenAI, native, control, metrics, `/openapi.json` from `openapi`), two
-middlewares (errors outermost, then auth: with an API key every route but `/health` and
-`/openapi.json` needs ``Authorization: Bearer KEY``), the body limit from
+One route table (OpenAI, native, control, pooling, Cohere v2, metrics, `/openapi.json` from
+`openapi`), two middlewares (errors outermost, then auth: with an API key every route but
+`/health` and `/openapi.json` needs ``Authorization: Bearer KEY``), the body limit from
 ``config.max_body_bytes``, and typed app state under `CTX`. The live-inspection routes
 (`/debug/*`, see `debug_routes`) exist only with ``config.debug_routes``. The runtime is
 started and shut down in a ``cleanup_ctx`` step, so the app owns its lifetime.
@@ -19,7 +19,7 @@ from aiohttp import web
 from ..actors.runtime import Runtime
 from ..config import ServerConfig
 from ..engine.tokenizer import TextTokenizer
-from . import control_routes, debug_routes, native_routes, openai_routes, pooling_routes
+from . import cohere_routes, control_routes, debug_routes, native_routes, openai_routes, pooling_routes
 from .openapi import openapi_handler
 from .errors import APIError, error_middleware, error_response
 from .metrics import Metrics, metrics_handler
@@ -72,7 +72,7 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
         runtime.new_detokenizer = tokenizer.detokenizer_for
     app[CTX] = ctx
     ctx.extra["pooling"] = dict(pool_models or {})
-    app.router.add_routes(pooling_routes.ROUTES)
+    app.router.add_routes(pooling_routes.ROUTES + cohere_routes.ROUTES)
     app.router.add_routes(openai_routes.ROUTES + native_routes.ROUTES + control_routes.ROUTES
                           + [web.get("/metrics", metrics_handler), web.get("/openapi.json", openapi_handler)])
     if config.debug_routes:

@@ -28,7 +28,11 @@ from pydantic.json_schema import models_json_schema
 
 from .. import __version__
 from ..statemachines import LIFECYCLES
-from . import control_routes, debug_routes, health_routes, native_routes, openai_routes, pooling_routes
+from . import (
+    cohere_routes, control_routes, debug_routes, health_routes, native_routes, openai_routes,
+    pooling_routes,
+)
+from .cohere_schemas import CohereEmbedRequest, CohereRerankRequest
 from .metrics import metrics_handler
 from .pooling_routes import (
     ClassifyRequest, EmbeddingRequest, EncodeRequest, RerankRequest, ScoreRequest,
@@ -143,6 +147,8 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     pooling_routes.score: Op("Next-token probabilities of label tokens", ScoreRequest, work=True),
     pooling_routes.rerank: Op("Rerank documents for a query", RerankRequest, work=True),
     pooling_routes.classify: Op("Classify texts", ClassifyRequest, work=True),
+    cohere_routes.rerank_v2: Op("Rerank documents for a query (Cohere v2)", CohereRerankRequest, work=True),
+    cohere_routes.embed_v2: Op("Embeddings by type (Cohere v2)", CohereEmbedRequest, work=True),
     metrics_handler: Op("Prometheus metrics", media="text/plain"),
     debug_routes.request_info: Op("A request's state and recorded history", path=RidPath),
     debug_routes.events: Op("Lifecycle events as they are recorded", query=EventsQuery, stream=True),
