@@ -30,6 +30,26 @@ class SeqOutput:
     # request cannot go on (``error``, e.g. its grammar refused the token): that request only.
     stop: bool = False
     error: str | None = None
+    # Logprobs of the requested ids (`SamplingParams.token_ids_logprob`) at this token: [(id, lp)].
+    ids_logprobs: list[tuple[int, float]] | None = None
+    # With the first token of a request that asked for them: its prompt's logprobs.
+    prompt_logprobs: "PromptLogprobs | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """What the engine says of a prompt's tokens from position `start` on (entry ``j`` is prompt
+    token ``start + j``): the log-probability of each given the tokens before it, its rank
+    in that distribution (1 = the most likely), the ``k`` most likely tokens there (`top`,
+    when ``SamplingParams.prompt_logprobs`` > 0) and the logprobs of the requested ids (`ids`).
+    The first entry is never scored (None everywhere), as in SGLang and vLLM. Plain data."""
+
+    start: int
+    token_ids: list[int]
+    logprobs: list[float | None]
+    ranks: list[int | None]
+    top: list[list[tuple[int, float]] | None] | None = None
+    ids: list[list[tuple[int, float]] | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,8 +77,9 @@ class BlockManager:
     def match_prefix(self, seq: Sequence) -> int:
         """Attach the cached full blocks that prefix `seq`; return the number of tokens reused.
 
-        At least one token is always left to compute, so the step that follows produces logits.
-        Call only on a sequence that holds no blocks.
+        At least one token is always left to compute, so the step that follows produces logits;
+        a sequence that still owes prompt logprobs reuses nothing from the first position they
+        need (`Sequence.prompt_logprob_from`). Call only on a sequence that holds no blocks.
         """
         assert not seq.block_table, "match_prefix on a sequence that already holds blocks"
         tokens = seq.token_ids()
@@ -88,7 +89,10 @@ class BlockManager:
         bs = self.block_size
         parent = b""
         matched = 0
-        for start in range(0, len(tokens) - 1 - (len(tokens) - 1) % bs, bs):
+        limit = len(tokens) - 1
+        if seq.prompt_logprob_from is not None:
+            limit = min(limit, seq.prompt_logprob_from)
+        for start in range(0, limit - limit % bs, bs):
             h = chain_hash(parent, tokens[start:start + bs])
             block = self._block_of.get(h)
             if block is None:

@@ -13,6 +13,7 @@ class ParamError(ValueError):
 
 
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "ebnf", "structural_tag")
+MAX_TOKEN_IDS_LOGPROB = 128      # vLLM's bound on logprob_token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +33,19 @@ class SamplingParams:
     n: int = 1
     logprobs: bool = False
     top_logprobs: int = 0
+    # Prompt logprobs (`engine.prompt_logprobs`): None = off; k >= 0 = the logprob of each prompt
+    # token from `logprob_start_len` on, with the k most likely tokens at each position (0: the
+    # token's own only). The first reported token has no logprob (None): nothing before it was
+    # scored. The prefix cache reuses KV only for positions before `logprob_start_len`.
+    prompt_logprobs: int | None = None
+    logprob_start_len: int = 0
+    # Logprobs of these token ids at every reported position, prompt and output (SGLang's
+    # token_ids_logprob; output positions only when `logprobs` is set).
+    token_ids_logprob: tuple[int, ...] = ()
     skip_special_tokens: bool = True
+    # Keep a stop string (and a stop token's text) in the output: SGLang's no_stop_trim, vLLM's
+    # include_stop_str_in_output. The stop itself still ends the request.
+    include_stop: bool = False
     # Additive biases on the logits before sampling: ((token_id, bias), ...), bias in [-100, 100]
     # (OpenAI semantics: -100 bans a token, +100 all but forces it).
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -63,6 +76,15 @@ class SamplingParams:
             raise ParamError(f"n must be >= 1, got {self.n}")
         if not 0 <= self.top_logprobs <= 20:
             raise ParamError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise ParamError(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+        if self.logprob_start_len < 0:
+            raise ParamError(f"logprob_start_len must be >= 0, got {self.logprob_start_len}")
+        if self.token_ids_logprob:
+            ids = tuple(int(t) for t in self.token_ids_logprob)
+            if len(ids) > MAX_TOKEN_IDS_LOGPROB or min(ids) < 0:
+                raise ParamError(f"token_ids_logprob takes at most {MAX_TOKEN_IDS_LOGPROB} token ids >= 0")
+            object.__setattr__(self, "token_ids_logprob", ids)
         if self.logit_bias:
             bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
             if any(t < 0 or not -100.0 <= b <= 100.0 for t, b in bias):

@@ -12,7 +12,8 @@ the first ``num_computed`` tokens already sit in the slots the block table names
 One step (``execute``): plan the flat batch, embed, then per layer norm -> q/k/v -> RoPE ->
 write K/V into the slots -> paged attention -> o_proj + residual -> MLP + residual; at the
 end the final norm and the LM head run only on the rows that produce something: the last
-row of each member whose chunk reaches the end of its known tokens. Generation rows go to
+row of each member whose chunk reaches the end of its known tokens, and the prompt rows of a
+sequence that asked for prompt logprobs (`prompt_logprobs`). Generation rows go to
 the sampler (``actorserve.engine.sampling.sample`` unless one is injected); pooling rows get
 the full-vocabulary log-softmax (score/rerank/classify through the LM head) or, for
 ``embed``, the final hidden state. The runner never touches ``num_computed``, the output
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import prompt_logprobs as prompt_lp
 from .base import EngineInfo, SeqOutput
 from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
 from .sequence import Sequence
@@ -147,11 +149,16 @@ def _finish(outputs: list[SeqOutput], seqs: list[Sequence], where: list[int], hi
                 raise RuntimeError("a constrained request reached an engine without a grammar backend")
             grammar.ensure(constrained)
         picked = sampler(logits[:len(gen)], gen_seqs)
-        for i, (tok, lp, top) in zip(gen, picked):
+        ids = prompt_lp.ids_logprobs(logits[:len(gen)], gen_seqs) \
+            if any(s.sampling.token_ids_logprob for s in gen_seqs) else [None] * len(gen)
+        for i, (tok, lp, top), ids_lp in zip(gen, picked, ids):
             out = outputs[where[i]]
             out.token_id = int(tok)
             if seqs[i].sampling.logprobs:
                 out.logprob, out.top_logprobs = (None if lp is None else float(lp)), top
+                out.ids_logprobs = ids_lp
+            if seqs[i].prompt_logprob_from is not None:      # its first token: hand them over
+                out.prompt_logprobs = prompt_lp.assemble(seqs[i])
             if seqs[i].grammar is not None:
                 from .grammar import accept
                 verdict = accept(seqs[i], out.token_id)
@@ -249,6 +256,9 @@ class PagedLlamaRunner(_SamplingRunner):
         if plan.num_tokens == 0:
             return outputs
         h = self._forward(plan)
+        owed = prompt_lp.owed_rows(batch, plan.last_rows)
+        if owed:      # the prompt rows of sequences that asked for prompt logprobs
+            prompt_lp.score_rows(owed, lambda a, b: self.lm_head(self.base.norm(h[a:b])))
         members = [i for i, (seq, n) in enumerate(batch)
                    if n > 0 and seq.num_computed + n == seq.num_tokens]
         if not members:
@@ -293,11 +303,15 @@ class HFFallbackRunner(_SamplingRunner):
         rows, logits = [], []
         for seq in seqs:
             ids = torch.tensor([seq.token_ids()], dtype=torch.long)
+            start = seq.prompt_logprob_from      # it owes prompt logprobs: every row's logits
             try:
                 out = self.model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden,
-                                 logits_to_keep=1)
+                                 logits_to_keep=1 if start is None else 0)
             except TypeError:   # an architecture whose forward has no logits_to_keep
                 out = self.model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden)
+            if start is not None and start < len(seq.prompt_ids) - 1:
+                prompt_lp.score_rows([(seq, start, len(seq.prompt_ids) - 1, start)],
+                                     lambda a, b, o=out: o.logits[0, a:b])
             logits.append(out.logits[0, -1])
             rows.append(out.hidden_states[-1][0, -1] if want_hidden else out.logits[0, -1])
         all_logits = torch.stack(logits)

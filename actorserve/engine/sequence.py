@@ -18,7 +18,7 @@ class Sequence:
     __slots__ = (
         "rid", "kind", "prompt_ids", "output_ids", "num_computed", "num_cached",
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
-        "grammar",
+        "grammar", "prompt_lp",
     )
 
     def __init__(
@@ -47,6 +47,8 @@ class Sequence:
         # The grammar matcher of a constrained request (`engine.grammar`): made on the first
         # sampled token, advanced by every one after, kept across pause and retract.
         self.grammar: Any = None
+        # Prompt logprobs computed so far, by position (`engine.prompt_logprobs`; the runner's).
+        self.prompt_lp: dict[int, Any] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -60,6 +62,17 @@ class Sequence:
     def prefill_complete(self) -> bool:
         """True once every prompt token has KV (the next step decodes)."""
         return self.num_computed >= len(self.prompt_ids)
+
+    @property
+    def prompt_logprob_from(self) -> int | None:
+        """The first prompt position whose logits row feeds a prompt logprob while they are still
+        owed, else None. Row ``r`` scores token ``r + 1``, so KV is reused (prefix cache) only
+        below it. Once the first token is out they have been delivered: a recompute after a
+        retraction owes none (a rule on the scheduler's own state, so re-execution follows it)."""
+        sp = self.sampling
+        if sp.prompt_logprobs is None or self.output_ids:
+            return None
+        return min(sp.logprob_start_len, len(self.prompt_ids) - 1)
 
     def token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
