@@ -139,6 +139,8 @@ class TokenOut:
     top_logprobs: list[tuple[int, float]] | None = None
     finish_reason: str | None = None     # set on the last token: stop | length
     text: str = ""
+    ids_logprobs: list[tuple[int, float]] | None = None   # SamplingParams.token_ids_logprob
+    prompt_logprobs: Any = None          # engine.base.PromptLogprobs, with the first token
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +210,8 @@ class TokenItem:
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     finish_reason: str | None = None
+    ids_logprobs: list[tuple[int, float]] | None = None
+    prompt_logprobs: Any = None          # engine.base.PromptLogprobs, with the first token
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +256,7 @@ class RequestOutput:
     rid: str
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    # per token (token_id, logprob, top [(id, lp)] | None, requested ids [(id, lp)] | None)
     logprobs: list[Any] | None = None
     finished: bool = False
     finish_reason: str | None = None
@@ -260,6 +265,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    prompt_logprobs: Any = None          # engine.base.PromptLogprobs, on the first token's output
 
 
 # -- control actor internals ----------------------------------------------------------------------

@@ -89,28 +89,32 @@ async def test_completions_and_logprobs(tiny):
 
 @pytest.mark.parametrize("echo", [False, True])
 async def test_streamed_completion_logprobs_equal_the_whole_answer(tiny, echo):
-    # text_offset is where each token begins in the choice's whole text (after the echoed
-    # prompt when echo is on), in a stream as in one answer; two top logprobs per token.
+    # text_offset is where each token begins in the choice's whole text, in a stream as in one
+    # answer; two top logprobs per token. With echo the prompt's tokens come first (vLLM's
+    # echo with logprobs), the first of them unscored.
     kw = dict(model=NAME, prompt="one two", max_tokens=12, temperature=0, logprobs=2, echo=echo,
               extra_body={"ignore_eos": True})
     async with serve(tiny, api_key=KEY) as (http, rt), client_for(http) as oa:
-        whole = (await oa.completions.create(**kw)).choices[0]
+        answer = await oa.completions.create(**kw)
         chunks = [c.choices[0] async for c in await oa.completions.create(stream=True, **kw) if c.choices]
         await settle(rt)
+    whole, k = answer.choices[0], answer.usage.prompt_tokens if echo else 0
     lp = whole.logprobs
     streamed = [c.logprobs for c in chunks if c.logprobs is not None]
-    assert [t for x in streamed for t in x.tokens] == lp.tokens and len(lp.tokens) == 12
+    assert [t for x in streamed for t in x.tokens] == lp.tokens and len(lp.tokens) == k + 12
     assert [o for x in streamed for o in x.text_offset] == lp.text_offset
     assert [t for x in streamed for t in x.top_logprobs] == lp.top_logprobs
-    assert [len(top) for top in lp.top_logprobs] == [2] * 12
+    assert [len(top) for top in lp.top_logprobs[k:]] == [2] * 12
+    assert (lp.token_logprobs[0] is None and lp.top_logprobs[0] is None) == echo
     assert "".join(c.text for c in chunks) == whole.text
     start = len("one two") if echo else 0
-    assert whole.text.startswith("one two") == echo and lp.text_offset[0] == start
+    assert whole.text.startswith("one two") == echo and lp.text_offset[k] == start
     # Each token's stretch of the text is that token: the offsets index the text itself
     # (a token decoded alone loses its SentencePiece leading space, so lengths of
-    # `tokens` would drift off it).
+    # `tokens` would drift off it). An echoed BOS has no text.
     ends = lp.text_offset[1:] + [len(whole.text)]
-    assert [whole.text[a:b].strip() for a, b in zip(lp.text_offset, ends)] == [t.strip() for t in lp.tokens]
+    spans = list(zip(lp.text_offset, ends, lp.tokens))[1 if echo else 0:]
+    assert [whole.text[a:b].strip() for a, b, _ in spans] == [t.strip() for _, _, t in spans]
     assert any(whole.text[a] == " " for a in lp.text_offset)      # the case the lengths get wrong
 
 

@@ -81,7 +81,8 @@ class OutputStage(Actor):
                     stopped.append(item.rid)
             if t.actor.alive:
                 t.actor.tell(TokenOut(item.rid, item.token_id, item.logprob, item.top_logprobs,
-                                      finish, text))
+                                      finish, text, ids_logprobs=item.ids_logprobs,
+                                      prompt_logprobs=item.prompt_logprobs))
         return tuple(stopped), tuple(failed)
 
     def _detokenize(self, t: _Tracked, item: Any, rec: Any) -> tuple[str, str | None]:

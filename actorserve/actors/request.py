@@ -259,13 +259,14 @@ class GenerationActor(RequestActor):
         self.completion_tokens += 1
         if self.out_ids is not None:
             self.out_ids.append(msg.token_id)
-        lp = [(msg.token_id, msg.logprob, msg.top_logprobs)] if self.want_logprobs else None
+        lp = [(msg.token_id, msg.logprob, msg.top_logprobs, msg.ids_logprobs)] if self.want_logprobs else None
         if msg.finish_reason is None:
-            self.stream.put(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp))
+            self.stream.put(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp,
+                                          prompt_logprobs=msg.prompt_logprobs))
             return
         self.fire("finish")           # the last token is known: detok until the client has it
         self._final(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp,
-                                  finish_reason=msg.finish_reason))
+                                  finish_reason=msg.finish_reason, prompt_logprobs=msg.prompt_logprobs))
 
     @handles(Paused)
     def _paused(self, msg: Paused) -> None:

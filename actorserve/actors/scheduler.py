@@ -382,7 +382,7 @@ class SchedulerActor(SchedulerControl):
         reason = self._finish_reason(seq, tok, out.stop)
         if reason is not None:
             self._drop(seq.rid)
-        return TokenItem(seq.rid, tok, out.logprob, out.top_logprobs, reason)
+        return TokenItem(seq.rid, tok, out.logprob, out.top_logprobs, reason, out.ids_logprobs, out.prompt_logprobs)
 
     def _finish_reason(self, seq: Any, tok: int, grammar_done: bool = False) -> str | None:
         sp = seq.sampling

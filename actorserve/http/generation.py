@@ -86,10 +86,11 @@ def check_prompt(ctx: ServerContext, ids: list[int], param: str = "prompt") -> N
 
 def check_sampling(ctx: ServerContext, sp: SamplingParams, logit_bias: dict[str, Any] | None,
                    prefix: str = "") -> None:
-    """What of the sampling parameters needs the vocabulary: stop token ids, logit_bias keys
-    (a token id as a decimal string; the values' range is the schema's)."""
+    """What of the sampling parameters needs the vocabulary: stop token ids, token_ids_logprob,
+    logit_bias keys (a token id as a decimal string; the values' range is the schema's)."""
     vocab = ctx.runtime.engine_info.vocab_size
     check_token_ids(sp.stop_token_ids, vocab, f"{prefix}stop_token_ids")
+    check_token_ids(sp.token_ids_logprob, vocab, "token_ids_logprob")
     for key in logit_bias or ():
         if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) < vocab):
             raise APIError(400, f"logit_bias keys must be token ids in [0, {vocab}), got {key[:40]!r}",
@@ -180,6 +181,8 @@ class RequestGroup:
             merged.token_ids.extend(out.token_ids)
             if out.logprobs:
                 merged.logprobs = (merged.logprobs or []) + list(out.logprobs)
+            if out.prompt_logprobs is not None:
+                merged.prompt_logprobs = out.prompt_logprobs
             if out.finished:
                 for f in ("finished", "finish_reason", "error", "prompt_tokens", "completion_tokens",
                           "cached_tokens"):

@@ -5,8 +5,10 @@
 `/generate` takes ``text`` or ``input_ids``, one or a list (a list answers a list), with
 ``sampling_params`` (one for all, or one per input) and ``sampling_params.n`` copies per input.
 Its answer is ``{text, output_ids, meta_info{id, finish_reason{type}, prompt_tokens,
-completion_tokens, cached_tokens, e2e_latency}}``; streamed, each SSE event carries the
-*cumulative* text and ids so far (as SGLang does), with ``index`` in a batch, then ``[DONE]``.
+completion_tokens, cached_tokens, e2e_latency}}``, with SGLang's logprob fields when
+``return_logprob`` (`logprobs.SGLangLogprobs`); streamed, each SSE event carries the
+*cumulative* text, ids and logprobs so far (as SGLang does), with ``index`` in a batch, then
+``[DONE]``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .generation import (
     Job, RequestGroup, check_accepting, check_admission, check_model, check_fanout, check_prompt, check_sampling, check_token_ids,
     session_prompt, session_rid,
 )
+from .logprobs import NativeLogprobs
 from .schemas import DetokenizeRequest, GenerateRequest, TokenizeRequest, read_json
 from .state import CTX
 
@@ -48,7 +51,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     items, batch = body.items()
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in items]
     group = RequestGroup(ctx, "generate", deadline_s=body.request_timeout)
-    params, constraints = [], {}
+    params, constraints, logs = [], {}, []
     field = "text" if body.text is not None else "input_ids"
     for i, ids in enumerate(prompts):     # every input before the first is submitted
         ns = body.params_for(i, len(prompts))
@@ -56,9 +59,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         picked = pick_constraint(ns, where)
         if picked is not None:
             constraints[picked[0]] = picked[1]
-        params.append(ns.to_params(128, logprobs=body.return_logprob, top=body.top_logprobs_num,
-                                   grammar=picked[0] if picked else None))
         check_prompt(ctx, ids, f"{field}.{i}" if batch else field)
+        logs.append(NativeLogprobs.of(body, i, len(prompts), len(ids)))
+        params.append(dataclasses.replace(ns.to_params(128, grammar=picked[0] if picked else None),
+                                          **logs[-1].sampling()))
         check_sampling(ctx, params[-1], ns.logit_bias,
                        f"sampling_params.{i}." if isinstance(body.sampling_params, list) else "sampling_params.")
     check_fanout(sum(sp.n for sp in params), "sampling_params.n")
@@ -68,22 +72,27 @@ async def generate(request: web.Request) -> web.StreamResponse:
     sess = body.session_params
     if sess is not None and (batch or not isinstance(body.rid, (str, type(None)))):
         raise APIError(400, "session_params takes one input with n = 1", param="session_params")
+    lp_of: dict[int, Any] = {}       # job index -> its SGLang logprob fields (return_logprob)
+    with_text = body.return_text_in_logprobs
     async with group:
         if sess is not None:
             rid = session_rid(body.rid if isinstance(body.rid, str) else None)
             ids = await session_prompt(ctx, sess, prompts[0], rid)
-            group.submit(ids, params[0], rid=rid, session=sess.id)
+            job = group.submit(ids, params[0], rid=rid, session=sess.id)
+            lp_of[job.index] = logs[0].collector(ctx, ids, with_text)
         for i, (ids, sp) in enumerate(zip(prompts, params)):
             if sess is not None:
                 break
-            group.submit_n(ids, sp, rid=body.rid_for(i, len(prompts), batch))
+            for job in group.submit_n(ids, sp, rid=body.rid_for(i, len(prompts), batch)):
+                lp_of[job.index] = logs[i].collector(ctx, ids, with_text)
         if not body.stream:
             outs = await group.collect_all()
             results = []
             for job, out in zip(group.jobs, outs):
                 r = {"text": out.text, "output_ids": out.token_ids, "meta_info": _meta(job, out, True)}
-                if out.logprobs is not None:
-                    r["meta_info"]["output_token_logprobs"] = [[lp, tid] for tid, lp, _ in out.logprobs]
+                if lp_of[job.index] is not None:
+                    lp_of[job.index].add(out)
+                    r["meta_info"].update(lp_of[job.index].meta())
                 results.append(r)
             return web.json_response(results if batch else results[0])
         resp = await sse.open_sse(request)
@@ -93,12 +102,17 @@ async def generate(request: web.Request) -> web.StreamResponse:
             async for job, out in outputs:
                 texts[job.index] += out.text
                 ids_so_far[job.index].extend(out.token_ids)
+                lps = lp_of[job.index]
+                if lps is not None:
+                    lps.add(out)
                 if not out.text and not out.token_ids and not out.finished:
                     continue
                 cum = dataclasses.replace(out, completion_tokens=out.completion_tokens
                                           or len(ids_so_far[job.index]))
                 event = {"text": texts[job.index], "output_ids": list(ids_so_far[job.index]),
                          "meta_info": _meta(job, cum, out.finished)}
+                if lps is not None:          # cumulative, like the text (SGLang's default)
+                    event["meta_info"].update(lps.meta())
                 if batch:
                     event["index"] = job.index
                 await sse.send(resp, event)

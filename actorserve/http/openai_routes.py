@@ -23,7 +23,9 @@ from .errors import APIError, FieldError
 from .generation import (
     RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling, session_prompt, session_rid,
 )
-from .logprobs import TextOffsets, chat_logprobs, completion_logprobs
+from .logprobs import (
+    TextOffsets, chat_logprobs, completion_logprobs, prompt_completion_logprobs, vllm_prompt_logprobs,
+)
 from .schemas import SessionParams
 from .schemas import ChatCompletionRequest, CompletionRequest, read_json
 from .state import CTX, ServerContext
@@ -57,6 +59,11 @@ def _grammar(body: Any, plan: ToolPlan | None = None) -> tuple[tuple[str, str], 
     return own
 
 
+def _no_stream_prompt_logprobs(body: Any) -> None:
+    if body.stream and body.prompt_logprobs is not None:       # vLLM refuses them too
+        raise FieldError("prompt_logprobs", "prompt_logprobs are not available with stream: true")
+
+
 def _fail_if_error(outs: list[RequestOutput]) -> None:
     for o in outs:
         if o.finish_reason == "error":
@@ -81,6 +88,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     constraint = _grammar(body, plan)
     grammar = constraint[0] if constraint else None
     sp = body.sampling(group.default_max(ids), grammar)     # validates before a session is joined
+    _no_stream_prompt_logprobs(body)
     check_prompt(ctx, ids, "messages")
     check_sampling(ctx, sp, body.logit_bias)
     if constraint is not None:
@@ -102,9 +110,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 message, finish = plan.message(o.text, o.finish_reason)
                 choices.append({"index": i, "message": message,
                                 "logprobs": chat_logprobs(ctx, o.logprobs), "finish_reason": finish})
-            return web.json_response({"id": cid, "object": "chat.completion", "created": created,
-                                      "model": model, "choices": choices,
-                                      "usage": _usage(outs, len(ids))})
+            answer = {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                      "choices": choices, "usage": _usage(outs, len(ids))}
+            if sp.prompt_logprobs is not None:      # vLLM's, for the one prompt of every choice
+                answer["prompt_logprobs"] = vllm_prompt_logprobs(ctx, outs[0].prompt_logprobs)
+            return web.json_response(answer)
         return await _stream_chat(request, ctx, group, body, plan, cid, created, model, len(ids))
 
 
@@ -169,6 +179,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     constraint = _grammar(body)
     grammar = constraint[0] if constraint else None
     params = [body.sampling(group.default_max(ids), grammar) for ids in prompts]
+    _no_stream_prompt_logprobs(body)
     for i, ids in enumerate(prompts):     # every prompt before the first is submitted
         check_prompt(ctx, ids, "prompt" if isinstance(body.prompt, str) or len(prompts) == 1 else f"prompt.{i}")
     check_sampling(ctx, params[0], body.logit_bias)
@@ -188,12 +199,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
         def offsets_for(i: int) -> TextOffsets:
             return TextOffsets(ctx, len(echo[i // n]), params[i // n].skip_special_tokens)
 
+        def echoed(o: RequestOutput) -> dict[str, Any] | None:
+            """The echoed prompt's logprobs (echo with logprobs), before the choice's own."""
+            if not body.echo or body.logprobs is None:
+                return None
+            return prompt_completion_logprobs(ctx, o.prompt_logprobs, body.logprobs)
+
         if not body.stream:
             outs = await group.collect_all()
             _fail_if_error(outs)
             choices = [{"index": i, "text": echo[i // n] + o.text,
-                        "logprobs": completion_logprobs(ctx, o.logprobs, offsets_for(i)),
+                        "logprobs": completion_logprobs(ctx, o.logprobs, offsets_for(i), echoed(o)),
                         "finish_reason": o.finish_reason} for i, o in enumerate(outs)]
+            if params[0].prompt_logprobs is not None:       # vLLM's, on each choice
+                for c, o in zip(choices, outs):
+                    c["prompt_logprobs"] = vllm_prompt_logprobs(ctx, o.prompt_logprobs)
             return web.json_response({"id": cid, "object": "text_completion", "created": created,
                                       "model": model, "choices": choices,
                                       "usage": _usage(outs, n_prompt)})
@@ -202,15 +222,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
         offsets: dict[int, TextOffsets] = {}      # per choice, from its first chunk on
         async with contextlib.aclosing(group.iterate()) as outputs:
             async for job, out in outputs:
-                text = out.text
+                text, first = out.text, None
                 if job.index not in offsets:
                     offsets[job.index] = offsets_for(job.index)
-                    text = echo[job.index // n] + text
+                    text, first = echo[job.index // n] + text, echoed(out)
                 if not text and not out.finished and not out.logprobs:
                     continue
+                lps = completion_logprobs(ctx, out.logprobs, offsets[job.index], first)
                 c = {"id": cid, "object": "text_completion", "created": created, "model": model,
-                     "choices": [{"index": job.index, "text": text,
-                                  "logprobs": completion_logprobs(ctx, out.logprobs, offsets[job.index]),
+                     "choices": [{"index": job.index, "text": text, "logprobs": lps,
                                   "finish_reason": out.finish_reason if out.finished else None}]}
                 if body.include_usage:
                     c["usage"] = None

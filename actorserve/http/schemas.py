@@ -69,6 +69,8 @@ RepetitionPenalty = Annotated[Number, Field(gt=0, le=2)]      # SGLang's bound
 Penalty = Annotated[Number, Field(ge=-2, le=2)]               # frequency / presence (OpenAI)
 ChoiceCount = Annotated[StrictInt, Field(ge=1, le=64)]        # n (generation.MAX_N)
 TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)]
+LogprobStart = Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)]   # SGLang's; -1 = output only
+LogprobIds = Annotated[list[Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]], Field(max_length=128)]
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]     # the vocabulary bound needs the model
 TokenIds = list[TokenId]
 StopStr = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]
@@ -227,19 +229,22 @@ class ChatCompletionRequest(_OpenAICommon):
     session_id: Id | None = None                 # shorthand for session_params {id}
     logprobs: StrictBool = False
     top_logprobs: TopLogprobs | None = None
+    prompt_logprobs: TopLogprobs | None = None   # vLLM's; the response's top-level prompt_logprobs
 
     def sampling(self, default_max: int, grammar: tuple[str, str] | None = None) -> SamplingParams:
         mt = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         top = self.top_logprobs or 0
         if top and not self.logprobs:
             raise FieldError("top_logprobs", "top_logprobs requires logprobs: true")
-        return SamplingParams(**self._base(mt, default_max, self.logprobs, top), grammar=grammar)
+        return SamplingParams(**self._base(mt, default_max, self.logprobs, top), grammar=grammar,
+                              prompt_logprobs=self.prompt_logprobs)
 
 
 class CompletionRequest(_OpenAICommon):
     prompt: StrictStr | StrBatch | TokenIds | IdsBatch
     logprobs: TopLogprobs | None = None
     echo: StrictBool = False
+    prompt_logprobs: TopLogprobs | None = None   # vLLM's; each choice's prompt_logprobs (echo: logprobs)
     suffix: StrictStr | None = None              # refused unless empty (no fill-in-the-middle)
 
     def prompts(self) -> list[str | list[int]]:
@@ -255,7 +260,9 @@ class CompletionRequest(_OpenAICommon):
     def sampling(self, default_max: int, grammar: tuple[str, str] | None = None) -> SamplingParams:
         mt = self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
         lp = self.logprobs
-        return SamplingParams(**self._base(mt, default_max, lp is not None, lp or 0), grammar=grammar)
+        plp = lp if self.prompt_logprobs is None and self.echo else self.prompt_logprobs   # vLLM's rule
+        return SamplingParams(**self._base(mt, default_max, lp is not None, lp or 0), grammar=grammar,
+                              prompt_logprobs=plp)
 
 
 # -- native (SGLang) ----------------------------------------------------------------------------
@@ -306,8 +313,12 @@ class GenerateRequest(_Body):
     sampling_params: NativeSampling | Annotated[list[NativeSampling], Field(max_length=MAX_BATCH)] = Field(default_factory=NativeSampling)
     stream: StrictBool = False
     rid: Id | IdBatch | None = None
-    return_logprob: StrictBool = False
-    top_logprobs_num: TopLogprobs = 0
+    # SGLang's logprob fields: one value for every input, or a list with one per input
+    return_logprob: StrictBool | Annotated[list[StrictBool], Field(max_length=MAX_BATCH)] = False
+    top_logprobs_num: TopLogprobs | Annotated[list[TopLogprobs], Field(max_length=MAX_BATCH)] = 0
+    logprob_start_len: LogprobStart | Annotated[list[LogprobStart], Field(max_length=MAX_BATCH)] = -1
+    token_ids_logprob: LogprobIds | Annotated[list[LogprobIds], Field(max_length=MAX_BATCH)] | None = None
+    return_text_in_logprobs: StrictBool = False
     session_params: SessionParams | None = None
     request_timeout: RequestTimeout | None = None
 
