@@ -304,12 +304,13 @@ class HFFallbackRunner(_SamplingRunner):
         for seq in seqs:
             ids = torch.tensor([seq.token_ids()], dtype=torch.long)
             start = seq.prompt_logprob_from      # it owes prompt logprobs: every row's logits
+            scored = start is not None and start < len(seq.prompt_ids) - 1
             try:
                 out = self.model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden,
-                                 logits_to_keep=1 if start is None else 0)
+                                 logits_to_keep=0 if scored else 1)
             except TypeError:   # an architecture whose forward has no logits_to_keep
                 out = self.model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden)
-            if start is not None and start < len(seq.prompt_ids) - 1:
+            if scored:
                 prompt_lp.score_rows([(seq, start, len(seq.prompt_ids) - 1, start)],
                                      lambda a, b, o=out: o.logits[0, a:b])
             logits.append(out.logits[0, -1])
