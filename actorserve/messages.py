@@ -139,6 +139,7 @@ class TokenOut:
     top_logprobs: list[tuple[int, float]] | None = None
     finish_reason: str | None = None     # set on the last token: stop | length
     text: str = ""
+    matched: int | str | None = None     # with stop: the stop token id or stop string that ended it
     ids_logprobs: list[tuple[int, float]] | None = None   # SamplingParams.token_ids_logprob
     prompt_logprobs: Any = None          # engine.base.PromptLogprobs, with the first token
 
@@ -265,6 +266,10 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # finish_reason stop: the stop token id (EOS, stop_token_ids, a grammar's end) or the stop
+    # string that ended it (SGLang's matched_stop); None otherwise
+    matched_stop: int | str | None = None
+    aborted_in: str | None = None        # finish_reason abort / timeout: the state it was caught in
     prompt_logprobs: Any = None          # engine.base.PromptLogprobs, on the first token's output
 
 

@@ -203,7 +203,8 @@ def test_chat_template_renders_chatml(smol):
 
 
 @pytest.mark.parametrize("messages, match", [
-    ([{"role": "wizard", "content": "hi"}], "role"),
+    ([{"role": "", "content": "hi"}], "role"),          # a custom role is fine; an empty one is not
+    ([{"role": 7, "content": "hi"}], "role"),
     ([{"content": "hi"}], "role"),
     ([{"role": "user"}], "content"),
     ([{"role": "user", "content": 3}], "content"),

@@ -11,7 +11,12 @@ actor is the third. After every model step the scheduler sends it one batched `S
   in the answer (`OutputsDone.stopped`), so the scheduler frees its KV *before* it plans the next
   step: no forward is spent on a request that has already ended;
 * the scheduler's own verdicts (EOS, the length limit) pass through on the item, and the
-  request's last `TokenOut` carries the whole remaining text (what the detokenizer held back).
+  request's last `TokenOut` carries the whole remaining text (what the detokenizer held back);
+* a request that ended on ``stop`` says what matched (``TokenOut.matched``, SGLang's
+  ``matched_stop``): the stop token id when the scheduler ended it (EOS, ``stop_token_ids``, a
+  grammar's end), else the stop string. As in SGLang and vLLM, the stop token's own text is
+  not part of the output unless the detokenizer keeps stops (``include_stop``: SGLang's
+  ``no_stop_trim``, vLLM's ``include_stop_str_in_output``).
 
 A generation request's `Aborted` / `Failed` also come through here (the scheduler sends them to
 the stage, not to the actor): they are ordered after any `TokenOut` of the same request, and they
@@ -67,7 +72,7 @@ class OutputStage(Actor):
             if t is None:
                 continue           # aborted or released while its step ran
             try:
-                text, finish = self._detokenize(t, item, rec)
+                text, finish, matched = self._detokenize(t, item, rec)
             except Exception as exc:
                 del tracked[item.rid]
                 failed.append(item.rid)
@@ -81,25 +86,29 @@ class OutputStage(Actor):
                     stopped.append(item.rid)
             if t.actor.alive:
                 t.actor.tell(TokenOut(item.rid, item.token_id, item.logprob, item.top_logprobs,
-                                      finish, text, ids_logprobs=item.ids_logprobs,
+                                      finish, text, matched, ids_logprobs=item.ids_logprobs,
                                       prompt_logprobs=item.prompt_logprobs))
         return tuple(stopped), tuple(failed)
 
-    def _detokenize(self, t: _Tracked, item: Any, rec: Any) -> tuple[str, str | None]:
+    def _detokenize(self, t: _Tracked, item: Any, rec: Any) -> tuple[str, str | None, int | str | None]:
+        """(stable text, finish reason, what matched a ``stop``)."""
         detok = t.detok
         finish = item.finish_reason
         self.tokens += 1
+        matched: int | str | None = item.token_id if finish == "stop" else None
         if detok is None:
-            return "", finish
-        text = detok.add((item.token_id,))
+            return "", finish, matched
+        # a stop token's text is trimmed, unless stops are kept
+        keep = matched is None or getattr(detok, "include_stop", False)
+        text = detok.add((item.token_id,)) if keep else ""
         if finish is None and detok.stopped:
-            finish = "stop"
+            finish, matched = "stop", detok.stopped
             self.stop_strings += 1
             if rec is not None:    # the detokenizer's verdict: re-execution plays it back
                 rec.note("detok", "stop_string", rid=item.rid)
         if finish is not None:
             text += detok.finish()
-        return text, finish
+        return text, finish, matched
 
     def _ending(self, msg: Aborted | Failed) -> None:
         t = self.tracked.pop(msg.rid, None)

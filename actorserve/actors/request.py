@@ -108,7 +108,7 @@ class OutputStream:
         lps = [lp for it in items if it.logprobs for lp in it.logprobs]
         merged.logprobs = lps if lps or items[0].logprobs is not None else None
         for f in ("finished", "finish_reason", "error", "pooled", "prompt_tokens",
-                  "completion_tokens", "cached_tokens"):
+                  "completion_tokens", "cached_tokens", "matched_stop", "aborted_in"):
             setattr(merged, f, getattr(last, f))
         return merged
 
@@ -196,10 +196,11 @@ class RequestActor(Actor):
 
     @handles(Aborted)
     def _aborted(self, msg: Aborted) -> None:
+        where = self.state.name          # the state it was caught in
         self.fire("abort")
         reason = "timeout" if msg.reason == DEADLINE_EXCEEDED else "abort"
         self._finish(RequestOutput(self.rid, text=msg.text, finish_reason=reason,
-                                   error=None if msg.reason == "abort" else msg.reason))
+                                   error=None if msg.reason == "abort" else msg.reason, aborted_in=where))
 
     @handles(Failed)
     def _failed(self, msg: Failed) -> None:
@@ -266,7 +267,8 @@ class GenerationActor(RequestActor):
             return
         self.fire("finish")           # the last token is known: detok until the client has it
         self._final(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp,
-                                  finish_reason=msg.finish_reason, prompt_logprobs=msg.prompt_logprobs))
+                                  finish_reason=msg.finish_reason, matched_stop=msg.matched,
+                                  prompt_logprobs=msg.prompt_logprobs))
 
     @handles(Paused)
     def _paused(self, msg: Paused) -> None:

@@ -181,7 +181,8 @@ class Runtime:
         if rid is None or rid == "":
             return uuid.uuid4().hex
         if self.system.get(f"req:{rid}") is not None:
-            raise DuplicateRequestId(f"a request with rid {rid!r} is already running")
+            raise DuplicateRequestId(f"Duplicate request ID detected: {rid} (a request with this rid "
+                                     f"is already running)")     # SGLang's words: clients match them
         return rid
 
     def _admit(self, sched: SchedulerActor, is_probe: bool) -> None:

@@ -7,7 +7,8 @@ joins a session (`SessionBegin`) gets its prompt composed at the token level::
 
     prompt = parent.prompt + parent.output + new input          (the default)
     prompt = parent.prompt + new input                          (drop_previous_output)
-    prompt = (parent.prompt + parent.output)[:offset] + new input   (offset)
+    prompt = (parent.prompt + parent.output)[:offset] + new input   (offset; < 0 counts from
+                                                                     the end, as SGLang's -1)
 
 and since the parent's blocks were committed to the prefix cache, the new request's prefill
 starts after them (``cached_tokens`` grows turn by turn). The semantics follow SGLang's

@@ -8,7 +8,8 @@ A thin wrapper that pins down the behaviour the rest of the server relies on:
   ``clean_up_tokenization_spaces=False``, so a full decode agrees with the streaming
   `IncrementalDetokenizer` (clean-up rewrites text that a stream has already sent).
 * ``apply_chat_template`` validates OpenAI-style messages *before* rendering (roles
-  ``system | user | assistant | tool``; ``content`` a string or a list of
+  ``system | user | assistant | tool``, or any other non-empty role name, which goes to the
+  template as it is: vLLM's custom roles; ``content`` a string or a list of
   ``{"type": "text", "text": ...}`` parts, flattened to a string because most templates
   concatenate ``message['content']``), renders the template to text and encodes that text
   without adding special tokens again (templates already contain BOS etc.). Bad shapes
@@ -29,7 +30,8 @@ from .detokenizer import IncrementalDetokenizer, special_token_ids
 
 __all__ = ["TextTokenizer", "CHAT_ROLES"]
 
-CHAT_ROLES = ("system", "user", "assistant", "tool")
+CHAT_ROLES = ("system", "user", "assistant", "tool")     # the known ones; others pass through
+MAX_ROLE_CHARS = 256
 
 
 def _as_id_list(value: Any) -> list[int]:
@@ -107,7 +109,8 @@ class TextTokenizer:
     def detokenizer_for(self, sp: Any) -> IncrementalDetokenizer:
         """The detokenizer a request with sampling parameters `sp` needs (the runtime's factory:
         stop strings and special-token skipping come from the request)."""
-        return self.new_detokenizer(stop=sp.stop, skip_special_tokens=sp.skip_special_tokens)
+        return self.new_detokenizer(stop=sp.stop, skip_special_tokens=sp.skip_special_tokens,
+                                    include_stop=sp.include_stop)
 
     # ------------------------------------------------------------ chat template
 
@@ -123,8 +126,9 @@ class TextTokenizer:
                 raise ValueError(f"{where} must be an object with 'role' and 'content', "
                                  f"got {type(msg).__name__}")
             role = msg.get("role")
-            if role not in CHAT_ROLES:
-                raise ValueError(f"{where}.role must be one of {', '.join(CHAT_ROLES)}; got {role!r}")
+            if role not in CHAT_ROLES and not (isinstance(role, str) and 0 < len(role) <= MAX_ROLE_CHARS):
+                raise ValueError(f"{where}.role must be one of {', '.join(CHAT_ROLES)} or a custom role "
+                                 f"name (1 to {MAX_ROLE_CHARS} characters); got {role!r}"[:400])
             content = msg.get("content")
             if content is None:
                 if role == "assistant" and msg.get("tool_calls"):

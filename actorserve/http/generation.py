@@ -185,7 +185,7 @@ class RequestGroup:
                 merged.prompt_logprobs = out.prompt_logprobs
             if out.finished:
                 for f in ("finished", "finish_reason", "error", "prompt_tokens", "completion_tokens",
-                          "cached_tokens"):
+                          "cached_tokens", "matched_stop", "aborted_in"):
                     setattr(merged, f, getattr(out, f))
         return merged
 
