@@ -126,7 +126,7 @@ async def test_client_errors_are_openai_shaped(tiny):
         with pytest.raises(openai.BadRequestError):
             await oa.chat.completions.create(model=NAME, messages=MSGS, max_tokens=-1)
         with pytest.raises(openai.BadRequestError):
-            await oa.chat.completions.create(model=NAME, messages=[{"role": "wizard", "content": "x"}])
+            await oa.chat.completions.create(model=NAME, messages=[{"role": "", "content": "x"}])
         with pytest.raises(openai.BadRequestError) as too_long:
             await oa.completions.create(model=NAME, prompt=[5] * 1100, max_tokens=2)
         assert "context length" in too_long.value.message

@@ -1,6 +1,5 @@
-"""Native (SGLang-style) routes: `/generate`, `/tokenize`, `/detokenize`, `/model_info`,
-`/server_info`, `/health`; `/version`, `/ping` (SageMaker-style liveness), and vLLM's
-`/v1/tokenize` / `/v1/detokenize` aliases.
+"""Native (SGLang-style) routes: `/generate`, `/model_info`, `/server_info`, `/health`;
+`/version`, `/ping` (SageMaker-style liveness). The tokenizer routes live in `tokenize_routes`.
 
 `/generate` takes ``text`` or ``input_ids``, one or a list (a list answers a list), with
 ``sampling_params`` (one for all, or one per input) and ``sampling_params.n`` copies per input.
@@ -24,20 +23,33 @@ from . import sse
 from .constraints import compile_constraint, pick_constraint
 from .errors import APIError
 from .generation import (
-    Job, RequestGroup, check_accepting, check_admission, check_model, check_fanout, check_prompt, check_sampling, check_token_ids,
+    Job, RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling,
     session_prompt, session_rid,
 )
 from .logprobs import NativeLogprobs
-from .schemas import DetokenizeRequest, GenerateRequest, TokenizeRequest, read_json
+from .schemas import GenerateRequest, read_json
+from .compat import sglang_server_fields
 from .state import CTX
 
 
+def finish_reason(out: Any) -> dict[str, Any]:
+    """SGLang's ``meta_info.finish_reason``: ``{type: stop, matched: <token id | string>}``,
+    ``{type: length, length: <tokens generated>}``, ``{type: abort, message}`` (``Abort in
+    waiting queue`` / ``Aborted``), and ``message`` with every error."""
+    reason: dict[str, Any] = {"type": out.finish_reason}
+    if out.finish_reason == "stop":
+        reason["matched"] = out.matched_stop
+    elif out.finish_reason == "length":
+        reason["length"] = out.completion_tokens
+    elif out.finish_reason == "abort" and not out.error:     # the abort route's: SGLang's words
+        reason["message"] = "Abort in waiting queue" if out.aborted_in == "queued" else "Aborted"
+    if out.error:
+        reason["message"] = out.error
+    return reason
+
+
 def _meta(job: Job, out: Any, finished: bool) -> dict[str, Any]:
-    reason = None
-    if finished:
-        reason = {"type": out.finish_reason}
-        if out.error:
-            reason["message"] = out.error
+    reason = finish_reason(out) if finished else None
     return {"id": job.rid, "finish_reason": reason, "prompt_tokens": out.prompt_tokens,
             "completion_tokens": out.completion_tokens, "cached_tokens": out.cached_tokens,
             "e2e_latency": round(job.timer.elapsed, 6) if job.timer is not None else None}
@@ -120,31 +132,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return resp
 
 
-async def tokenize(request: web.Request) -> web.Response:
-    ctx = request.app[CTX]
-    body = TokenizeRequest.model_validate(await read_json(request))
-    check_model(ctx, body.model)
-    if body.messages is not None:
-        ids = ctx.tokenizer.apply_chat_template(body.messages)
-    else:
-        text = body.text if body.text is not None else body.prompt
-        if text is None:
-            raise APIError(400, "one of text, prompt or messages is required", param="text")
-        ids = ctx.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
-    return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": ctx.capacity})
-
-
-async def detokenize(request: web.Request) -> web.Response:
-    ctx = request.app[CTX]
-    body = DetokenizeRequest.model_validate(await read_json(request))
-    check_model(ctx, body.model)
-    ids = body.tokens if body.tokens is not None else body.input_ids
-    if ids is None:
-        raise APIError(400, "tokens (or input_ids) is required", param="tokens")
-    check_token_ids(ids, ctx.tokenizer.vocab_size, "tokens" if body.tokens is not None else "input_ids")
-    return web.json_response({"text": ctx.tokenizer.decode(ids, skip_special_tokens=body.skip_special_tokens)})
-
-
 async def model_info(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     info = ctx.runtime.engine_info
@@ -175,7 +162,7 @@ async def server_info(request: web.Request) -> web.Response:
         cfg["api_key"] = "***"
     rt = ctx.runtime
     return web.json_response({
-        **_jsonable(rt.server_info()), "served_model_name": ctx.served_name,
+        **_jsonable(rt.server_info()), **sglang_server_fields(ctx), "served_model_name": ctx.served_name,
         "dtype": rt.engine_info.dtype, "dtype_reason": ctx.extra.get("dtype_reason"),
         "scheduler": _jsonable(ctx.runtime.stats()),
         "pooling": {key: _jsonable(st) for key, st in rt.pool_stats().items()}, "config": cfg,
@@ -201,10 +188,6 @@ async def ping(request: web.Request) -> web.Response:
 
 ROUTES = [
     web.post("/generate", generate),
-    web.post("/tokenize", tokenize),
-    web.post("/detokenize", detokenize),
-    web.post("/v1/tokenize", tokenize),          # vLLM's paths for the same two
-    web.post("/v1/detokenize", detokenize),
     web.get("/version", version),
     web.get("/ping", ping),
     web.post("/ping", ping),

@@ -4,7 +4,9 @@ Chat prompts go through the tokenizer's chat template; ``n > 1`` becomes n engin
 Completions take a string, a list of strings or token ids (one list or a list of lists).
 Streaming is SSE: the role delta first, content deltas, ``finish_reason`` on each choice's last
 chunk, a usage chunk when ``stream_options.include_usage``, then ``data: [DONE]``. A client that
-goes away mid-stream aborts its requests at once (`RequestGroup` does it on exit).
+goes away mid-stream aborts its requests at once (`RequestGroup` does it on exit). SGLang's
+and vLLM's extras (``matched_stop`` / ``stop_reason``, ``continuous_usage_stats``,
+``truncate_prompt_tokens``, the model cards) come from `compat`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from aiohttp import web
 
 from ..messages import RequestOutput
 from . import sse
+from .compat import ChunkUsage, model_cards, stop_fields, truncate_prompt
 from .constraints import compile_constraint, pick_constraint
 from .errors import APIError, FieldError
 from .generation import (
@@ -81,6 +84,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_accepting(ctx)
     plan = plan_tools(body, ctx.tokenizer, ctx.config.tool_call_parser)
     ids = ctx.tokenizer.apply_chat_template(plan.messages, **plan.template_kwargs)
+    ids = truncate_prompt(ids, body.truncate_prompt_tokens, ctx.capacity)
     group = RequestGroup(ctx, "chat", deadline_s=body.request_timeout)
     sess = body.session_params or (SessionParams(id=body.session_id) if body.session_id else None)
     if sess is not None and body.n != 1:
@@ -109,7 +113,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             for i, o in enumerate(outs):
                 message, finish = plan.message(o.text, o.finish_reason)
                 choices.append({"index": i, "message": message,
-                                "logprobs": chat_logprobs(ctx, o.logprobs), "finish_reason": finish})
+                                "logprobs": chat_logprobs(ctx, o.logprobs), "finish_reason": finish,
+                                **stop_fields(o, finish, body.stop_token_ids, ctx.runtime.engine_info.eos_token_ids)})
             answer = {"id": cid, "object": "chat.completion", "created": created, "model": model,
                       "choices": choices, "usage": _usage(outs, len(ids))}
             if sp.prompt_logprobs is not None:      # vLLM's, for the one prompt of every choice
@@ -123,12 +128,17 @@ async def _stream_chat(request: web.Request, ctx: ServerContext, group: RequestG
                        n_prompt: int) -> web.StreamResponse:
     include_usage = body.include_usage
     resp = await sse.open_sse(request)
+    usage = ChunkUsage(body.continuous_usage, {job.index: n_prompt for job in group.jobs})
+    eos = ctx.runtime.engine_info.eos_token_ids
 
-    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+    def chunk(choices: list[dict[str, Any]], out: RequestOutput | None = None) -> dict[str, Any]:
         c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
              "choices": choices}
+        for ch in choices:         # a choice's last chunk says what stopped it
+            if out is not None and ch["finish_reason"] is not None:
+                ch.update(stop_fields(out, ch["finish_reason"], body.stop_token_ids, eos))
         if include_usage:
-            c["usage"] = None
+            c["usage"] = usage.usage(choices[0]["index"])
         return c
 
     for job in group.jobs:
@@ -139,6 +149,7 @@ async def _stream_chat(request: web.Request, ctx: ServerContext, group: RequestG
     async with contextlib.aclosing(group.iterate()) as outputs:
         async for job, out in outputs:
             ds = streams[job.index]
+            usage.add(job.index, out)
             deltas = ds.feed(out.text)
             if out.finished:
                 deltas += ds.finish()
@@ -150,11 +161,12 @@ async def _stream_chat(request: web.Request, ctx: ServerContext, group: RequestG
                 final = out.finished and k == last
                 await sse.send(resp, chunk([{"index": job.index, "delta": delta,
                                              "logprobs": logprobs if k == 0 else None,
-                                             "finish_reason": ds.finish_reason(out.finish_reason) if final else None}]))
+                                             "finish_reason": ds.finish_reason(out.finish_reason) if final else None}],
+                                           out))
             if out.finished:
                 if not deltas:
                     await sse.send(resp, chunk([{"index": job.index, "delta": {}, "logprobs": None,
-                                                 "finish_reason": ds.finish_reason(out.finish_reason)}]))
+                                                 "finish_reason": ds.finish_reason(out.finish_reason)}], out))
                 finals.append(out)
     if include_usage:
         await sse.send(resp, {"id": cid, "object": "chat.completion.chunk", "created": created,
@@ -174,7 +186,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     check_accepting(ctx)
     if body.suffix:
         raise FieldError("suffix", "suffix (fill-in-the-middle) is not supported")
-    prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts()]
+    prompts = [truncate_prompt(ctx.tokenizer.encode(p) if isinstance(p, str) else p, body.truncate_prompt_tokens,
+                               ctx.capacity) for p in body.prompts()]
     group = RequestGroup(ctx, "completion", deadline_s=body.request_timeout)
     constraint = _grammar(body)
     grammar = constraint[0] if constraint else None
@@ -195,6 +208,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
             group.submit_n(ids, sp, rid=rid)
         n = params[0].n
         n_prompt = sum(len(p) for p in prompts)
+        eos = ctx.runtime.engine_info.eos_token_ids
+        usage = ChunkUsage(body.continuous_usage, {i: len(prompts[i // n]) for i in range(len(group.jobs))})
 
         def offsets_for(i: int) -> TextOffsets:
             return TextOffsets(ctx, len(echo[i // n]), params[i // n].skip_special_tokens)
@@ -214,6 +229,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
             if params[0].prompt_logprobs is not None:       # vLLM's, on each choice
                 for c, o in zip(choices, outs):
                     c["prompt_logprobs"] = vllm_prompt_logprobs(ctx, o.prompt_logprobs)
+            for c, o in zip(choices, outs):
+                c.update(stop_fields(o, o.finish_reason, params[0].stop_token_ids, eos))
             return web.json_response({"id": cid, "object": "text_completion", "created": created,
                                       "model": model, "choices": choices,
                                       "usage": _usage(outs, n_prompt)})
@@ -222,6 +239,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         offsets: dict[int, TextOffsets] = {}      # per choice, from its first chunk on
         async with contextlib.aclosing(group.iterate()) as outputs:
             async for job, out in outputs:
+                usage.add(job.index, out)
                 text, first = out.text, None
                 if job.index not in offsets:
                     offsets[job.index] = offsets_for(job.index)
@@ -232,8 +250,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 c = {"id": cid, "object": "text_completion", "created": created, "model": model,
                      "choices": [{"index": job.index, "text": text, "logprobs": lps,
                                   "finish_reason": out.finish_reason if out.finished else None}]}
+                if out.finished:
+                    c["choices"][0].update(stop_fields(out, out.finish_reason, params[0].stop_token_ids, eos))
                 if body.include_usage:
-                    c["usage"] = None
+                    c["usage"] = usage.usage(job.index)
                 await sse.send(resp, c)
                 if out.finished:
                     finals.append(out)
@@ -245,22 +265,17 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    ctx = request.app[CTX]
-    info = ctx.runtime.engine_info
-    data = [{"id": name, "object": "model", "created": ctx.created, "owned_by": "actorserve",
-             "root": ctx.served_name, "max_model_len": info.max_model_len}
-            for name in ctx.model_names()]
-    for pm in (ctx.extra.get("pooling") or {}).values():     # pooling models (embed, rerank, classify)
-        data.append({"id": pm.name, "object": "model", "created": ctx.created, "owned_by": "actorserve",
-                     "root": pm.name, "max_model_len": pm.max_tokens, "task": pm.target})
-    return web.json_response({"object": "list", "data": data})
+    return web.json_response({"object": "list", "data": model_cards(request.app[CTX])})
 
 
 async def get_model(request: web.Request) -> web.Response:
+    """One entry of `/v1/models` (the alias answers under its own id), else 404."""
     ctx = request.app[CTX]
-    name = resolve_model(ctx, request.match_info["model"])
-    return web.json_response({"id": name, "object": "model", "created": ctx.created,
-                              "owned_by": "actorserve"})
+    name = request.match_info["model"]
+    card = next((c for c in model_cards(ctx) if c["id"] == name), None)
+    if card is None:
+        resolve_model(ctx, name)              # raises the 404
+    return web.json_response(card)
 
 
 ROUTES = [

@@ -35,13 +35,15 @@ from . import (
 from .cohere_schemas import CohereEmbedRequest, CohereRerankRequest
 from .metrics import metrics_handler
 from .pooling_routes import (
-    ClassifyRequest, EmbeddingRequest, EncodeRequest, RerankRequest, ScoreRequest,
+    ClassifyRequest, EmbeddingRequest, EncodeRequest, RerankRequest,
 )
 from .schemas import (
-    AbortBody, ChatCompletionRequest, CloseSessionBody, CompletionRequest, DetokenizeRequest,
-    FlushBody, GenerateRequest, OpenSessionBody, PauseBody, TokenizeRequest,
+    AbortBody, ChatCompletionRequest, CloseSessionBody, CompletionRequest,
+    FlushBody, GenerateRequest, OpenSessionBody, PauseBody,
 )
 from .state import CTX
+from . import score_routes, tokenize_routes
+from .tokenize_routes import DetokenizeRequest, TokenizeRequest
 
 OPENAPI_VERSION = "3.1.0"
 _CACHE = "openapi"          # ctx.extra key: the built document
@@ -125,8 +127,8 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     openai_routes.get_model: Op("One served model", path=ModelPath),
     native_routes.generate: Op("Generate (SGLang); a list of inputs is a batch", GenerateRequest,
                                stream=True, work=True),
-    native_routes.tokenize: Op("Token ids of a text, prompt or chat", TokenizeRequest),
-    native_routes.detokenize: Op("Text of token ids", DetokenizeRequest),
+    tokenize_routes.tokenize: Op("Token ids of a text, texts or chat", TokenizeRequest),
+    tokenize_routes.detokenize: Op("Text of token ids (or of lists of them)", DetokenizeRequest),
     native_routes.model_info: Op("The model's geometry"),
     native_routes.server_info: Op("Server state, scheduler and pooling statistics, config"),
     native_routes.health: Op("Shallow health: serving and healthy", health=True),
@@ -144,7 +146,8 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
                                       query=HealthGenerateQuery, health=True),
     pooling_routes.embeddings: Op("Embeddings (OpenAI)", EmbeddingRequest, work=True),
     pooling_routes.encode: Op("Embeddings (SGLang)", EncodeRequest, work=True),
-    pooling_routes.score: Op("Next-token probabilities of label tokens", ScoreRequest, work=True),
+    score_routes.score: Op("Score: label-token probabilities (SGLang) or text pairs (vLLM)",
+                           score_routes.ScoreBody, work=True),
     pooling_routes.rerank: Op("Rerank documents for a query", RerankRequest, work=True),
     pooling_routes.classify: Op("Classify texts", ClassifyRequest, work=True),
     cohere_routes.rerank_v2: Op("Rerank documents for a query (Cohere v2)", CohereRerankRequest, work=True),

@@ -1,5 +1,5 @@
-"""Pooling routes: `/v1/embeddings`, `/encode`, `/v1/score`, `/v1/rerank` (`/rerank`),
-`/v1/classify` (`/classify`).
+"""Pooling routes: `/v1/embeddings`, `/encode`, `/v1/score` (SGLang's body; the route itself,
+which takes vLLM's too, is `score_routes`), `/v1/rerank` (`/rerank`), `/v1/classify` (`/classify`).
 
 Every input becomes one pooling request (`PoolGroup`), routed by what is loaded:
 
@@ -74,7 +74,7 @@ class ScoreRequest(_Body):
 class RerankRequest(_Body):
     query: StrictStr
     documents: Annotated[list[StrictStr | dict[str, Any]], Field(max_length=MAX_INPUTS)]
-    top_n: StrictInt | None = Field(default=None, ge=1, le=INT32_MAX)
+    top_n: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)    # 0 (vLLM's default): all
     return_documents: StrictBool = True
     model: StrictStr | None = None
 
@@ -293,7 +293,7 @@ async def rerank(request: web.Request) -> web.Response:
     docs = [doc_text(d, i) for i, d in enumerate(body.documents)]
     ranking = await rerank_documents(ctx, body.query, docs)
     results = []
-    for i in ranking.order(body.top_n):
+    for i in ranking.order(body.top_n or None):
         r: dict[str, Any] = {"index": i, "relevance_score": ranking.scores[i]}
         if body.return_documents:
             r["document"] = {"text": docs[i]}
@@ -354,7 +354,6 @@ async def classify(request: web.Request) -> web.Response:
 ROUTES = [
     web.post("/v1/embeddings", embeddings),
     web.post("/encode", encode),
-    web.post("/v1/score", score),
     web.post("/v1/rerank", rerank),
     web.post("/rerank", rerank),
     web.post("/v1/classify", classify),

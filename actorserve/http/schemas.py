@@ -3,8 +3,8 @@
 OpenAI: `ChatCompletionRequest`, `CompletionRequest` (``max_tokens`` / ``max_completion_tokens``,
 ``stop`` str | list, ``seed``, ``n``, ``logprobs`` / ``top_logprobs``,
 ``stream_options.include_usage``). Native (SGLang): `GenerateRequest` (text | input_ids, single
-or list = batch, ``sampling_params``, ``stream``, ``rid``), tokenize / detokenize and the
-control bodies. Wrong types are 400s, and so is a field the server does not know: every field
+or list = batch, ``sampling_params``, ``stream``, ``rid``) and the control bodies (the
+tokenizer routes' bodies are in `tokenize_routes`). Wrong types are 400s, and so is a field the server does not know: every field
 accepted has its effect (`docs/api.md`, "Accepted fields"). The one exception is each body's
 `ignored` set, vendor extras with no effect on the output (``user``, ``metadata``, ``store``,
 ...), dropped before validation.
@@ -73,6 +73,7 @@ LogprobStart = Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)]   # SGLang's; -1
 LogprobIds = Annotated[list[Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]], Field(max_length=128)]
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]     # the vocabulary bound needs the model
 TokenIds = list[TokenId]
+TruncatePrompt = Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)]   # -1: the context size
 StopStr = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]
 Stop = Union[StopStr, Annotated[list[StopStr], Field(max_length=MAX_STOP)]]
 StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]
@@ -150,13 +151,14 @@ OPENAI_IGNORED = frozenset({"user", "metadata", "store", "service_tier", "prompt
 
 class StreamOptions(_Body):
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False     # vLLM's: usage on every chunk (with include_usage)
 
 
 class SessionParams(_Body):
     """SGLang's ``session_params``: continue a session's chain (see `actors.session`)."""
     id: Id
     rid: Id | None = None
-    offset: StrictInt | None = Field(default=None, ge=0, le=INT32_MAX)
+    offset: StrictInt | None = Field(default=None, ge=-INT32_MAX, le=INT32_MAX)   # < 0: from the end
     replace: StrictBool = False
     drop_previous_output: StrictBool = False
 
@@ -192,10 +194,17 @@ class _OpenAICommon(_Body):
     guided_choice: Choices | None = None
     skip_special_tokens: StrictBool = True
     request_timeout: RequestTimeout | None = None
+    truncate_prompt_tokens: TruncatePrompt | None = None   # vLLM's: keep the last k prompt tokens
+    include_stop_str_in_output: StrictBool = False         # vLLM's name,
+    no_stop_trim: StrictBool = False                       # and SGLang's: keep the stop in the text
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     def _base(self, max_tokens: int | None, default_max: int, logprobs: bool, top: int) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -206,7 +215,10 @@ class _OpenAICommon(_Body):
             "logprobs": logprobs, "top_logprobs": top,
             "skip_special_tokens": self.skip_special_tokens,
             "logit_bias": bias_pairs(self.logit_bias),
+            "include_stop": self.include_stop_str_in_output or self.no_stop_trim,
         }
+        if self.stream_options is not None and not self.stream:
+            raise FieldError("stream_options", "stream_options can only be set with stream: true")
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                      "frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
@@ -293,6 +305,7 @@ class NativeSampling(_Body):
     guided_regex: Spec | None = None
     guided_grammar: Spec | None = None
     guided_choice: Choices | None = None
+    no_stop_trim: StrictBool = False            # keep the stop string / stop token's text
 
     def to_params(self, default_max: int = 128, *, logprobs: bool = False, top: int = 0,
                   grammar: tuple[str, str] | None = None) -> SamplingParams:
@@ -304,7 +317,8 @@ class NativeSampling(_Body):
             presence_penalty=self.presence_penalty, stop=tuple(stop),
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens, n=self.n, seed=self.seed,
-            logprobs=logprobs, top_logprobs=top, logit_bias=bias_pairs(self.logit_bias), grammar=grammar)
+            logprobs=logprobs, top_logprobs=top, logit_bias=bias_pairs(self.logit_bias), grammar=grammar,
+            include_stop=self.no_stop_trim)
 
 
 class GenerateRequest(_Body):
@@ -359,21 +373,6 @@ class GenerateRequest(_Body):
         if len(self.rid) != n_items:
             raise FieldError("rid", f"rid has {len(self.rid)} entries for {n_items} inputs")
         return self.rid[i]
-
-
-class TokenizeRequest(_Body):
-    model: StrictStr | None = None
-    text: StrictStr | None = None
-    prompt: StrictStr | None = None
-    messages: Messages | None = None
-    add_special_tokens: StrictBool = True
-
-
-class DetokenizeRequest(_Body):
-    model: StrictStr | None = None
-    tokens: TokenIds | None = None
-    input_ids: TokenIds | None = None
-    skip_special_tokens: StrictBool = False
 
 
 class AbortBody(_Body):
