@@ -34,10 +34,15 @@ class SchedulerConfig:
     # Pooling schedulers only: when an idle encoder would start a step with fewer inputs than it
     # can take, wait this long for more to arrive (a batching window, like Triton's queue delay).
     pool_batch_wait_s: float = 0.005
+    # /v1/responses with store: ended responses kept for GET / DELETE / previous_response_id;
+    # past this many the one that ended longest ago is evicted. 0 = store nothing.
+    responses_store: int = 1000
 
     def __post_init__(self) -> None:
         if self.max_queued_requests is not None and self.max_queued_requests < 1:
             raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        if self.responses_store < 0:
+            raise ValueError(f"responses_store must be >= 0, got {self.responses_store}")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
 

@@ -387,6 +387,35 @@ class SessionReap:
     session_id: str
 
 
+# -- the responses store (/v1/responses with store) ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseBegin:
+    """A stored response is being made: note it ``in_progress``. With ``previous_id`` the answer
+    carries that response's record (what a continuation is composed from), or refuses: unknown,
+    deleted or evicted, still in progress."""
+    response_id: str
+    previous_id: str | None = None
+    body: Any = None              # the response object as it stands (in progress)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseEnd:
+    """A stored response's generation ended: ``status`` is completed | incomplete | failed |
+    cancelled; ``body`` the final response object; ``record`` what a continuation needs
+    (its conversation, input items, session, rid and token ids)."""
+    response_id: str
+    status: str
+    body: Any = None
+    record: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseDelete:
+    response_id: str
+
+
 # -- health_generate ------------------------------------------------------------------------------
 
 

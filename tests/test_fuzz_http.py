@@ -20,6 +20,7 @@ the next ones into waits.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -150,6 +151,12 @@ def _undo(session: requests.Session, base: str, path: str, resp: Any) -> None:
         session.post(base + "/continue_generation", timeout=REQUEST_TIMEOUT_S)
     elif path == "/open_session" and resp.status_code == 200:
         session.post(base + "/close_session", json={"session_id": resp.json()}, timeout=REQUEST_TIMEOUT_S)
+    elif path == "/v1/responses" and resp.status_code == 200:
+        # a stored response keeps its session open until it is deleted (streamed: the first
+        # event's response has the id)
+        found = re.search(r'"id": ?"(resp_[0-9a-f]+)"', resp.content.decode(errors="replace"))
+        if found:
+            session.delete(f"{base}/v1/responses/{found.group(1)}", timeout=REQUEST_TIMEOUT_S)
 
 
 def fuzz(base: str) -> tuple[list[Finding], int]:

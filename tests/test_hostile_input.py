@@ -40,6 +40,7 @@ GREEDY = {"messages": [{"role": "user", "content": "Name a colour."}], "max_toke
 ROUTES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": {"prompt": "hi", "max_tokens": 2},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 2, "store": False},
     "/generate": {"text": "hi", "sampling_params": {"max_new_tokens": 2}},
     "/tokenize": {"text": "hi"},
     "/detokenize": {"tokens": [1, 2]},

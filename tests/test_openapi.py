@@ -67,6 +67,8 @@ def test_bodies_are_the_models_the_handlers_validate_with():
                  and issubclass(handler.__globals__[n], BaseModel)}
         body = openapi.OPERATIONS[handler].body
         reachable = {body.__name__} | set(body.model_json_schema().get("$defs", {})) if body else set()
+        op = openapi.OPERATIONS[handler]
+        reachable |= {m.__name__ for m in (op.query, op.path) if m is not None}   # its query, its path
         assert named <= reachable, (route.resource.canonical, named, body)
         if route.method != "POST":
             assert "requestBody" not in ops[(route.method.lower(), route.resource.canonical)]

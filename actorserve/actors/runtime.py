@@ -49,8 +49,8 @@ from ..engine.heads import apply_head
 from ..engine.params import ParamError, PoolingParams, SamplingParams
 from ..engine.sequence import Sequence
 from ..messages import (
-    DEADLINE_EXCEEDED, AbortRequest, Aborted, ControlResult, Delivered, Drain, HealthDone, OpenSession, ServerEvent, SessionEnd,
-    Submit, Track,
+    DEADLINE_EXCEEDED, AbortRequest, Aborted, ControlResult, Delivered, Drain, HealthDone, OpenSession,
+    ResponseBegin, ResponseDelete, ResponseEnd, ServerEvent, SessionEnd, Submit, Track,
 )
 from ..statemachines import LIFECYCLES, ServerState
 from .actor import Actor
@@ -59,6 +59,7 @@ from .control import ControlActor
 from .output import OutputStage
 from .request import GenerationActor, OutputStream, PoolingActor, RequestActor
 from .scheduler import SchedulerActor, SchedulerStats
+from .responses import ResponseStoreActor
 from .session import SessionActor
 from .surface import DuplicateRequestId, Overloaded, RequestHandle, ServerSnapshot
 from .system import ActorSystem
@@ -96,6 +97,9 @@ def changed_fields(obj: Any) -> dict[str, Any]:
     return {name: v for name, d in spec if (v := getattr(obj, name)) is not d and v != d}
 
 
+RESPONSE_INPUTS = (ResponseBegin, ResponseEnd, ResponseDelete)
+
+
 class Runtime:
     def __init__(self, engine: Engine, *, config: SchedulerConfig | None = None,
                  clock: Clock | None = None, recorder: Any = None,
@@ -115,6 +119,7 @@ class Runtime:
         self.control_actor = ControlActor(self.scheduler, pool_schedulers=self.pool_schedulers)
         self.sessions = SessionActor()                  # open/close_session via the control actor
         self.control_actor.sessions = self.sessions
+        self.responses = ResponseStoreActor(self.sessions, capacity=cfg.responses_store)
         self.watchdog: WatchdogActor | None = None      # --watchdog-timeout: stall -> unhealthy
         if cfg.watchdog_timeout_s:
             self.watchdog = WatchdogActor(self.scheduler, self.control_actor, timeout=cfg.watchdog_timeout_s)
@@ -138,7 +143,7 @@ class Runtime:
             return done
         if self.recorder is not None:
             self.recorder.input("runtime", data=self.setup())
-        for actor in (self.stage, self.scheduler, self.control_actor, self.sessions,
+        for actor in (self.stage, self.scheduler, self.control_actor, self.sessions, self.responses,
                       self.watchdog, *self.pool_schedulers.values()):
             if actor is not None:
                 self.system.spawn(actor)
@@ -154,6 +159,7 @@ class Runtime:
                     "batch_wait_s": s.batch_wait_s, "prefix_cache": s.bm.enable_prefix_cache}
         return {"generation": sched(self.scheduler),
                 "pooling": {key: sched(s) for key, s in self.pool_schedulers.items()},
+                "responses_store": self.responses.capacity,
                 "watchdog": None if self.watchdog is None else {
                     "timeout": self.watchdog.timeout, "interval": self.watchdog.interval}}
 
@@ -279,15 +285,18 @@ class Runtime:
 
     def session(self, message: Any) -> "asyncio.Future[ControlResult]":
         """Ask the session actor directly (`SessionBegin` when a request joins a session);
-        `SessionEnd(submitted=False)` is told, for a begun request that was never submitted."""
+        `SessionEnd(submitted=False)` is told, for a begun request that was never submitted.
+        The responses store's inputs (`ResponseBegin`, `ResponseEnd`: told, `ResponseDelete`)
+        go to the store the same way."""
         self._input("session", op=type(message).__name__, args=fields_of(message))
-        if isinstance(message, SessionEnd):
-            if self.sessions.alive:
-                self.sessions.tell(message)
+        actor = self.responses if isinstance(message, RESPONSE_INPUTS) else self.sessions
+        if isinstance(message, (SessionEnd, ResponseEnd)):
+            if actor.alive:
+                actor.tell(message)
             done = asyncio.get_running_loop().create_future()
             done.set_result(ControlResult(True))
             return done
-        return self.sessions.ask(message)
+        return actor.ask(message)
 
     def pool(self, prompt_ids: list[int], pooling: PoolingParams | None = None, *,
              rid: str | None = None, is_probe: bool = False, target: str | None = None,
@@ -360,6 +369,7 @@ class Runtime:
                     **self.watchdog.status(), "stalled": snap.health == "unhealthy",
                     "stalls": snap.stalls, "reason": snap.health_reason},
                 "sessions": self.sessions.describe(),
+                "responses": self.responses.describe(),
                 "recent_controls": [{"rid": r.rid, "op": r.op, "state": r.state.name,
                                      "message": r.result.message if r.result else ""}
                                     for r in self.control_actor.history]}

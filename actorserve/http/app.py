@@ -19,7 +19,9 @@ from aiohttp import web
 from ..actors.runtime import Runtime
 from ..config import ServerConfig
 from ..engine.tokenizer import TextTokenizer
-from . import cohere_routes, control_routes, debug_routes, native_routes, openai_routes, pooling_routes
+from . import (
+    cohere_routes, control_routes, debug_routes, native_routes, openai_routes, pooling_routes, responses_routes,
+)
 from . import score_routes, tokenize_routes
 from .openapi import openapi_handler
 from .errors import APIError, error_middleware, error_response
@@ -75,7 +77,7 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
     ctx.extra["pooling"] = dict(pool_models or {})
     app.router.add_routes(tokenize_routes.ROUTES + score_routes.ROUTES)
     app.router.add_routes(pooling_routes.ROUTES + cohere_routes.ROUTES)
-    app.router.add_routes(openai_routes.ROUTES + native_routes.ROUTES + control_routes.ROUTES
+    app.router.add_routes(openai_routes.ROUTES + responses_routes.ROUTES + native_routes.ROUTES + control_routes.ROUTES
                           + [web.get("/metrics", metrics_handler), web.get("/openapi.json", openapi_handler)])
     if config.debug_routes:
         debug_routes.setup(app)

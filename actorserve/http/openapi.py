@@ -29,10 +29,11 @@ from pydantic.json_schema import models_json_schema
 from .. import __version__
 from ..statemachines import LIFECYCLES
 from . import (
-    cohere_routes, control_routes, debug_routes, health_routes, native_routes, openai_routes,
+    cohere_routes, control_routes, debug_routes, health_routes, native_routes, openai_routes, responses_routes,
     pooling_routes,
 )
 from .cohere_schemas import CohereEmbedRequest, CohereRerankRequest
+from .responses_schemas import InputItemsQuery, ResponsePath, ResponsesRequest
 from .metrics import metrics_handler
 from .pooling_routes import (
     ClassifyRequest, EmbeddingRequest, EncodeRequest, RerankRequest,
@@ -152,6 +153,12 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     pooling_routes.classify: Op("Classify texts", ClassifyRequest, work=True),
     cohere_routes.rerank_v2: Op("Rerank documents for a query (Cohere v2)", CohereRerankRequest, work=True),
     cohere_routes.embed_v2: Op("Embeddings by type (Cohere v2)", CohereEmbedRequest, work=True),
+    responses_routes.create_response: Op("Create a response (OpenAI Responses API); stored ones "
+                                         "chain through sessions", ResponsesRequest, stream=True, work=True),
+    responses_routes.get_response: Op("A stored response", path=ResponsePath),
+    responses_routes.delete_response: Op("Delete a stored response", path=ResponsePath),
+    responses_routes.input_items: Op("A stored response's input items", path=ResponsePath,
+                                     query=InputItemsQuery),
     metrics_handler: Op("Prometheus metrics", media="text/plain"),
     debug_routes.request_info: Op("A request's state and recorded history", path=RidPath),
     debug_routes.events: Op("Lifecycle events as they are recorded", query=EventsQuery, stream=True),

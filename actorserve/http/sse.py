@@ -30,15 +30,23 @@ async def open_sse(request: web.Request) -> web.StreamResponse:
 WRITE_STALL_S = 30.0     # a reader that takes none of a stream's bytes for this long is cut off
 
 
-async def send(resp: web.StreamResponse, payload: Any, *, stall_s: float | None = None) -> None:
+async def send(resp: web.StreamResponse, payload: Any, *, stall_s: float | None = None,
+               event: str | None = None) -> None:
+    """One event (``event:`` names its type, as the Responses API's streams do)."""
     stall_s = WRITE_STALL_S if stall_s is None else stall_s
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    head = f"event: {event}\n" if event else ""
     try:
-        await asyncio.wait_for(resp.write(f"data: {data}\n\n".encode()), stall_s)
+        await asyncio.wait_for(resp.write(f"{head}data: {data}\n\n".encode()), stall_s)
     except asyncio.TimeoutError:
         raise ConnectionResetError(f"the client read nothing for {stall_s:g}s") from None
 
 
 async def done(resp: web.StreamResponse) -> None:
     await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+
+
+async def close(resp: web.StreamResponse) -> None:
+    """End a stream that has no ``[DONE]`` sentinel (the Responses API's)."""
     await resp.write_eof()

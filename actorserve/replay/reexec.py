@@ -39,7 +39,7 @@ from .standin import ReplayClock, ReplayDetokenizer, ReplayEngine
 
 CONTROL_MESSAGES = ("AbortRequest", "PauseGeneration", "ContinueGeneration", "FlushCache",
                     "OpenSession", "CloseSession", "HealthCheck", "ServerEvent", "Drain",
-                    "SessionBegin", "SessionEnd")
+                    "SessionBegin", "SessionEnd", "ResponseBegin", "ResponseEnd", "ResponseDelete")
 
 
 class RecordingError(ValueError):
@@ -184,7 +184,8 @@ class _Driver:
         wait = next((v["batch_wait_s"] for v in setup.get("pooling", {}).values()), 0.0)
         wd = setup.get("watchdog")
         cfg = SchedulerConfig(batch=batch or BatchConfig(**gen["batch"]), step_in_thread=False,
-                              watchdog_timeout_s=wd["timeout"] if wd else None, pool_batch_wait_s=wait)
+                              watchdog_timeout_s=wd["timeout"] if wd else None, pool_batch_wait_s=wait,
+                              responses_store=setup.get("responses_store", 1000))
         self.clock = ReplayClock(self.inputs[0].t_ns / 1e9)
         self.rec = FlightRecorder(clock=self.clock, capacity=len(events) * 2 + 1024,
                                   lifecycles=LIFECYCLES.values())

@@ -3,13 +3,14 @@
 from .core import Edge, IllegalTransition, Lifecycle, LifecycleError, Subject, UnknownEvent
 from .lifecycles import (
     CONTROL, GENERATION, HEALTH, LIFECYCLES, PAUSE_MODES, PAUSED_MODE, POOLING, SCHEDULER, SERVER,
-    SESSION, ControlState, GenState, HealthState, PoolState, SchedulerState, ServerState,
-    SessionState, lifecycle,
+    RESPONSE, SESSION, ControlState, GenState, HealthState, PoolState, ResponseState, SchedulerState,
+    ServerState, SessionState, lifecycle,
 )
 
 __all__ = [
     "Edge", "IllegalTransition", "Lifecycle", "LifecycleError", "Subject", "UnknownEvent",
     "CONTROL", "GENERATION", "HEALTH", "LIFECYCLES", "PAUSE_MODES", "PAUSED_MODE", "POOLING",
-    "SCHEDULER", "SERVER", "SESSION", "ControlState", "GenState", "HealthState", "PoolState",
+    "RESPONSE", "SCHEDULER", "SERVER", "SESSION", "ResponseState", "ControlState", "GenState",
+    "HealthState", "PoolState",
     "SchedulerState", "ServerState", "SessionState", "lifecycle",
 ]

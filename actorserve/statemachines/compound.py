@@ -79,14 +79,15 @@ def _grouped(lc: Lifecycle, members: frozenset) -> list[int]:
 
 
 def live_group(lc: Lifecycle) -> Group | None:
-    """The compound state to draw for `lc`, or None when no event fans out of most states."""
+    """The compound state to draw for `lc`, or None when no event fans out of most states
+    (a group holds the initial state: it is where an instance lives, not where it ended)."""
     live = [s for s in lc.states if s not in lc.terminal]
     need = max(3, len(live) - max(1, len(live) // 4))
     best: tuple | None = None
     seen: set[frozenset] = set()
     for order, edge in enumerate(lc.edges):
         members = frozenset(edge.sources)
-        if members in seen or len(members) < need or not members <= set(live):
+        if members in seen or len(members) < need or not members <= set(live) or lc.initial not in members:
             continue
         seen.add(members)
         rows = _grouped(lc, members)

@@ -13,7 +13,9 @@ and the long-lived actors have theirs:
               verdict), so a server can be unhealthy while paused, draining or serving;
 * scheduler   ``idle -> pending -> [windowing ->] stepping -> ...``, ``pausing`` while a pause waits
               for the step boundary, ``paused_{abort,retract,in_place}``;
-* session     ``open -> closing -> closed`` (close deferred while a request of it runs).
+* session     ``open -> closing -> closed`` (close deferred while a request of it runs);
+* response    a stored `/v1/responses` object: ``in_progress -> completed | incomplete | failed |
+              cancelled``, then ``deleted`` (the client) or ``evicted`` (the store's bound).
 
 Every live request state can end in ``aborted`` or ``failed``. Pause ``in_place`` parks a
 running request in ``paused`` with its KV; the scheduler's ``Resumed`` says whether its prompt
@@ -101,6 +103,16 @@ class SessionState(enum.Enum):
     open = "open"
     closing = "closing"
     closed = "closed"
+
+
+class ResponseState(enum.Enum):
+    in_progress = "in_progress"
+    completed = "completed"
+    incomplete = "incomplete"
+    failed = "failed"
+    cancelled = "cancelled"
+    deleted = "deleted"
+    evicted = "evicted"
 
 
 G = GenState
@@ -243,8 +255,29 @@ SESSION = Lifecycle(
     doc="Sessions: close is deferred while one of the session's requests runs; idle ones expire.",
 )
 
+RS = ResponseState
+_RS_ENDED = (RS.completed, RS.incomplete, RS.failed, RS.cancelled)
+
+RESPONSE = Lifecycle(
+    name="response",
+    states=ResponseState,
+    initial=RS.in_progress,
+    terminal=frozenset({RS.deleted, RS.evicted}),
+    edges=(
+        Edge("complete", (RS.in_progress,), RS.completed),
+        Edge("run_out", (RS.in_progress,), RS.incomplete),     # max_output_tokens, the context
+        Edge("fail", (RS.in_progress,), RS.failed),
+        Edge("cancel", (RS.in_progress,), RS.cancelled),       # the client left, an abort
+        Edge("delete", _RS_ENDED, RS.deleted),
+        Edge("evict", _RS_ENDED, RS.evicted),
+    ),
+    doc="A stored response (/v1/responses with store): its generation's outcome, then the store "
+        "keeps it until the client deletes it or the store's bound (--responses-store) evicts it, "
+        "oldest ended first.",
+)
+
 LIFECYCLES: dict[str, Lifecycle] = {
-    lc.name: lc for lc in (GENERATION, POOLING, CONTROL, SERVER, HEALTH, SCHEDULER, SESSION)
+    lc.name: lc for lc in (GENERATION, POOLING, CONTROL, SERVER, HEALTH, SCHEDULER, SESSION, RESPONSE)
 }
 
 

@@ -1,0 +1,335 @@
+"""The OpenAI Responses API: ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items``.
+
+A response is one generation request, built from ``instructions`` (a system message) and
+``input`` (`responses_items`), through the chat template, with ``text.format`` and ``tools``
+as the chat route has them (grammar-constrained JSON, tool calls parsed into
+``function_call`` items).
+
+**Stored responses are sessions.** With ``store`` (the default) the response is kept by the
+runtime's responses store (`actors.responses`, its RESPONSE lifecycle recorded) and its
+generation runs in an actorserve session. A response made with ``previous_response_id``
+continues its parent's conversation: when the chat template's rendering of the whole
+conversation (the parent's input and output, then the new input) extends exactly the text
+of the parent's tokens, the new request joins the parent's session as the parent's child: its
+prompt is the parent's prompt + output tokens + the new turn's tokens, so its prefill starts
+after the parent's KV (``usage.input_tokens_details.cached_tokens``). Two responses chained to
+the same parent are two branches of that session. When the rendering does not extend the
+parent's tokens (new ``instructions``, a template that rewrites history, tool calls
+re-rendered), the response starts a session of its own from the whole rendered conversation
+(the prefix cache may still hit).
+
+``store: false`` responses are not kept; one may still continue a stored parent.
+Streaming sends the Responses event types (``response.created`` ... ``response.completed``),
+each with its ``sequence_number``; a client that leaves cancels the response.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from aiohttp import web
+
+from ..messages import OpenSession, RequestOutput, ResponseBegin, ResponseDelete, ResponseEnd
+from ..statemachines import ResponseState
+from . import sse
+from .constraints import compile_constraint, pick_constraint
+from .errors import APIError, FieldError
+from .generation import RequestGroup, check_accepting, check_admission, check_prompt, check_sampling, session_prompt
+from .openai_routes import chat_logprobs, resolve_model
+from .responses_items import (
+    call_item, chat_tool_choice, chat_tools, message_item, new_id, read_input, response_object,
+    responses_param, to_messages, usage,
+)
+from .responses_schemas import InputItemsQuery, ResponsesRequest
+from .responses_stream import EventStream
+from .schemas import SessionParams, read_json
+from .state import CTX, ServerContext
+from .tools import ToolPlan, plan_tools
+
+#: a request's finish reason -> the response's status (an abort, a client gone, a deadline
+#: passed: cancelled; only a failure of the generation itself is failed)
+STATUS_OF = {"stop": "completed", "tool_calls": "completed", "length": "incomplete",
+             "abort": "cancelled", "timeout": "cancelled", "error": "failed"}
+
+
+def _previous(ctx: ServerContext, body: ResponsesRequest) -> dict[str, Any] | None:
+    if body.previous_response_id is None:
+        return None
+    entry = ctx.runtime.responses.get(body.previous_response_id)
+    if entry is None:
+        raise APIError(400, f"previous response {body.previous_response_id!r} not found: it was never "
+                            "stored (store: false), or it was deleted or evicted",
+                       code="previous_response_not_found", param="previous_response_id")
+    if entry.state not in (ResponseState.completed, ResponseState.incomplete) or entry.record is None:
+        raise APIError(400, f"previous response {body.previous_response_id!r} is {entry.state.name}; "
+                            "only a completed or incomplete response can be continued",
+                       param="previous_response_id")
+    return entry.record
+
+
+def _plan(ctx: ServerContext, body: ResponsesRequest, conversation: list[dict[str, Any]]) -> ToolPlan:
+    messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
+    view = SimpleNamespace(messages=messages, tools=chat_tools(body.tools),
+                           tool_choice=chat_tool_choice(body.tool_choice),
+                           parallel_tool_calls=body.parallel_tool_calls)
+    try:
+        return plan_tools(view, ctx.tokenizer, ctx.config.tool_call_parser)
+    except FieldError as exc:
+        raise FieldError(responses_param(exc.param), str(exc)) from None
+
+
+def _constraint(body: ResponsesRequest, plan: ToolPlan) -> tuple[tuple[str, str], str] | None:
+    fmt = (body.text.format if body.text is not None else None)
+    own = None
+    if fmt is not None:
+        # the Responses API spells json_schema flat: {type, name, schema, strict}
+        rf = fmt if fmt.get("type") != "json_schema" else {
+            "type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
+        try:
+            own = pick_constraint(SimpleNamespace(response_format=rf))
+        except FieldError as exc:
+            raise FieldError(_format_param(exc.param), str(exc).replace("response_format", "text.format")) from None
+        if own is not None:
+            own = (own[0], _format_param(own[1]))
+    if plan.grammar is not None:
+        if own is not None:
+            raise FieldError("text.format", f"text.format cannot be combined with tools (tool_choice "
+                                            f"{plan.mode}); use tool_choice none")
+        return plan.grammar, "tools"
+    return own
+
+
+def _format_param(param: str) -> str:
+    return param.replace("response_format.json_schema", "text.format").replace("response_format", "text.format")
+
+
+def _render(ctx: ServerContext, plan: ToolPlan) -> str:
+    try:
+        return ctx.tokenizer.render_chat(plan.messages, **plan.template_kwargs)
+    except ValueError as exc:
+        raise FieldError("input", str(exc)) from None
+
+
+def _fit(ctx: ServerContext, body: ResponsesRequest, conversation: list[dict[str, Any]]) -> tuple[ToolPlan, str, list[int]]:
+    """The plan, rendered text and ids; ``truncation: auto`` drops the oldest items until the
+    prompt leaves room to generate (``disabled``: too long is a 400)."""
+    while True:
+        plan = _plan(ctx, body, conversation)
+        text = _render(ctx, plan)
+        ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+        if body.truncation == "disabled" or len(ids) < ctx.capacity or len(conversation) <= 1:
+            return plan, text, ids
+        conversation = conversation[1:]
+
+
+def _outcome(plan: ToolPlan, out: RequestOutput, logprobs: list[Any] | None) -> tuple[str, list[dict[str, Any]]]:
+    status = STATUS_OF.get(out.finish_reason or "error", "failed")
+    item_status = "incomplete" if status == "incomplete" else "completed"
+    message, _finish = plan.message(out.text, out.finish_reason)
+    items: list[dict[str, Any]] = []
+    content = message.get("content")
+    if content or not message.get("tool_calls"):
+        items.append(message_item(content or "", item_status, logprobs))
+    for call in message.get("tool_calls") or ():
+        items.append(call_item(call["id"], call["function"]["name"], call["function"]["arguments"]))
+    return status, items
+
+
+async def _open_session(ctx: ServerContext, sid: str) -> None:
+    res = await ctx.runtime.control(OpenSession(session_id=sid))
+    if not res.ok:
+        raise APIError(500, f"could not open the response's session: {res.message}", type="server_error")
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CTX]
+    check_admission(ctx)
+    body = ResponsesRequest.model_validate(await read_json(request))
+    body.check()
+    model = resolve_model(ctx, body.model)
+    check_accepting(ctx)
+    items = read_input(body.input)
+    parent = _previous(ctx, body)
+    conversation = list(parent["conversation"]) if parent else []
+    plan, text, ids = _fit(ctx, body, conversation + to_messages(items))
+    constraint = _constraint(body, plan)
+    group = RequestGroup(ctx, "responses", deadline_s=body.request_timeout)
+    check_prompt(ctx, ids, "input")
+    check_sampling(ctx, body.sampling(group.default_max(ids), constraint[0] if constraint else None),
+                   body.logit_bias)
+    if constraint is not None:
+        await compile_constraint(ctx.runtime, *constraint)
+    rid, created = new_id("resp"), time.time()
+    rt = ctx.runtime
+    if body.store:
+        res = await rt.session(ResponseBegin(rid, body.previous_response_id,
+                                             response_object(rid, body, model, status="in_progress", created=created)))
+        if not res.ok:
+            raise APIError(400, res.message, code=res.detail.get("code"), param="previous_response_id"
+                           if body.previous_response_id else "store")
+    run = _Run(ctx, body, model, rid, created, plan, items, conversation + to_messages(items))
+    try:
+        await run.join_session(parent, text, ids)
+        grammar = constraint[0] if constraint else None
+        async with group:
+            job = group.submit(run.prompt_ids, body.sampling(group.default_max(run.prompt_ids), grammar),
+                               rid=rid, session=run.session)
+            if not body.stream:
+                out = await group.collect(job)
+                obj = run.finish(out, None)
+                if out.finish_reason == "error":
+                    raise APIError(500, f"generation failed: {out.error}", type="server_error")
+                return web.json_response(obj)
+            return await _stream(request, run, group)
+    finally:
+        run.end_store()
+
+
+async def _stream(request: web.Request, run: "_Run", group: RequestGroup) -> web.StreamResponse:
+    resp = await sse.open_sse(request)
+    stream = EventStream(resp, run.plan, run.want_logprobs, run.token_logprobs)
+    await stream.begin(response_object(run.rid, run.body, run.model, status="in_progress",
+                                       created=run.created))
+    final: RequestOutput | None = None
+    async with contextlib.aclosing(group.iterate()) as outputs:
+        async for _job, piece in outputs:
+            await stream.feed(piece)
+            if piece.finished:
+                final = piece
+    assert final is not None
+    merged = RequestOutput(run.rid, text=stream.text, token_ids=stream.token_ids, finished=True,
+                           finish_reason=final.finish_reason, error=final.error,
+                           prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
+                           cached_tokens=final.cached_tokens)
+    status = STATUS_OF.get(final.finish_reason or "error", "failed")
+    await stream.close_items("incomplete" if status == "incomplete" else "completed")
+    await stream.end(run.finish(merged, stream.output))
+    await sse.close(resp)
+    return resp
+
+
+class _Run:
+    """One create: where its tokens go (session), what it stores when it ends."""
+
+    def __init__(self, ctx: ServerContext, body: ResponsesRequest, model: str, rid: str, created: float,
+                 plan: ToolPlan, items: list[dict[str, Any]], conversation: list[dict[str, Any]]) -> None:
+        self.ctx, self.body, self.model, self.rid, self.created = ctx, body, model, rid, created
+        self.plan, self.items, self.conversation = plan, items, conversation
+        self.want_logprobs = body.want_logprobs
+        self.session: str | None = None
+        self.text = ""                            # the rendered prompt text
+        self.prompt_ids: list[int] = []
+        self.result: tuple[str, dict[str, Any], dict[str, Any] | None] | None = None
+
+    async def join_session(self, parent: dict[str, Any] | None, text: str, ids: list[int]) -> None:
+        ctx = self.ctx
+        self.text = text
+        if parent is not None and parent.get("session") is not None:
+            kv_text = parent["kv_text"]
+            if text.startswith(kv_text) and len(text) > len(kv_text):
+                new = ctx.tokenizer.encode(text[len(kv_text):], add_special_tokens=False)
+                try:
+                    self.prompt_ids = await session_prompt(
+                        ctx, SessionParams(id=parent["session"], rid=parent["rid"]), new, self.rid)
+                    self.session = parent["session"]
+                    return
+                except APIError:
+                    pass       # the parent's session is closing or gone: a session of our own
+        self.prompt_ids = ids
+        if self.body.store:
+            self.session = self.rid
+            await _open_session(ctx, self.session)
+            self.prompt_ids = await session_prompt(ctx, SessionParams(id=self.session), ids, self.rid)
+
+    def token_logprobs(self, lps: list[Any]) -> list[dict[str, Any]]:
+        return chat_logprobs(self.ctx, lps)["content"]
+
+    def finish(self, out: RequestOutput, items: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """The final response object (``items``: the streamed output items, else from the text)."""
+        lps = self.token_logprobs(out.logprobs) if self.want_logprobs and out.logprobs is not None else None
+        status, parsed = _outcome(self.plan, out, lps)
+        output = parsed if items is None else items
+        error = None
+        if status == "failed":
+            error = {"code": "server_error", "message": out.error or out.finish_reason or "failed"}
+        obj = response_object(self.rid, self.body, self.model, status=status, created=self.created,
+                              output=output, use=usage(out.prompt_tokens or len(self.prompt_ids),
+                                                       out.completion_tokens, out.cached_tokens),
+                              error=error, incomplete="max_output_tokens" if status == "incomplete" else None)
+        self.result = (status, obj, {"session": self.session, "rid": self.rid, "kv_text": self._kv_text(out),
+                                     "conversation": self.conversation + to_messages(output),
+                                     "input_items": self.items})
+        return obj
+
+    def _kv_text(self, out: RequestOutput) -> str:
+        """The text this response's tokens (prompt + output) stand for, as the chat template
+        renders a conversation: the rendered prompt, the output text, and the special token
+        that ended it (EOS is a token of the KV but not of the text)."""
+        tok = self.ctx.tokenizer
+        end = ""
+        if out.token_ids and out.token_ids[-1] in tok.special_ids:
+            end = tok.decode(out.token_ids[-1:], skip_special_tokens=False)
+        return self.text + out.text + end
+
+    def end_store(self) -> None:
+        if not self.body.store:
+            return
+        if self.result is None:     # refused, failed or left before an outcome: cancelled
+            obj = response_object(self.rid, self.body, self.model, status="cancelled", created=self.created)
+            self.result = ("cancelled", obj, {"session": self.session, "rid": self.rid, "kv_text": "",
+                                              "conversation": [], "input_items": self.items})
+        status, obj, record = self.result
+        self.ctx.runtime.session(ResponseEnd(self.rid, status, obj, record))
+
+
+# -- reads ---------------------------------------------------------------------------------------
+def _stored(request: web.Request) -> Any:
+    ctx = request.app[CTX]
+    rid = request.match_info["response_id"]
+    entry = ctx.runtime.responses.get(rid)
+    if entry is None:
+        raise APIError(404, f"response {rid!r} not found", code="response_not_found", param="response_id")
+    return entry
+
+
+async def get_response(request: web.Request) -> web.Response:
+    return web.json_response(_stored(request).body)
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    entry = _stored(request)
+    res = await request.app[CTX].runtime.session(ResponseDelete(entry.response_id))
+    if not res.ok:
+        raise APIError(404 if res.detail.get("code") == "response_not_found" else 400, res.message,
+                       param="response_id")
+    return web.json_response({"id": entry.response_id, "object": "response", "deleted": True})
+
+
+async def input_items(request: web.Request) -> web.Response:
+    entry = _stored(request)
+    q = InputItemsQuery.model_validate(dict(request.query))
+    items = list((entry.record or {}).get("input_items") or [])
+    if q.order == "desc":
+        items.reverse()
+    if q.after is not None:
+        at = next((i for i, it in enumerate(items) if it["id"] == q.after), None)
+        if at is None:
+            raise APIError(400, f"no input item {q.after!r} in this response", param="after")
+        items = items[at + 1:]
+    page = items[:q.limit]
+    return web.json_response({"object": "list", "data": page,
+                              "first_id": page[0]["id"] if page else None,
+                              "last_id": page[-1]["id"] if page else None,
+                              "has_more": len(items) > len(page)})
+
+
+ROUTES = [
+    web.post("/v1/responses", create_response),
+    web.get("/v1/responses/{response_id}", get_response),
+    web.delete("/v1/responses/{response_id}", delete_response),
+    web.get("/v1/responses/{response_id}/input_items", input_items),
+]

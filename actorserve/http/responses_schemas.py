@@ -1,0 +1,92 @@
+"""Request models of the Responses API (`/v1/responses`): the create body, the input-items
+query, the path. Unknown fields are a 400 like everywhere; bookkeeping fields that change
+nothing generated (``user``, ``safety_identifier``, ``prompt_cache_key`` ...) are dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, StrictBool, StrictStr, WithJsonSchema
+
+from ..engine.params import SamplingParams
+from .errors import FieldError
+from .schemas import (
+    Id, MaxTokens, RequestTimeout, Seed, Temperature, TopLogprobs, TopP, _Body, bias_pairs, LogitBias,
+)
+
+_INPUT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}, "minItems": 1}]}
+Input = Annotated[Any, WithJsonSchema(_INPUT)]
+_ANY_OBJECT = {"type": "object"}
+Obj = Annotated[dict[str, Any], WithJsonSchema(_ANY_OBJECT)]
+Metadata = Annotated[dict[StrictStr, Annotated[StrictStr, Field(max_length=512)]], Field(max_length=16)]
+
+#: ``include`` values: the one that changes the output, and those that are vacuous here
+#: (no reasoning items, no built-in tools) so asking for them changes nothing
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+INCLUDABLE = frozenset({LOGPROBS_INCLUDE, "reasoning.encrypted_content"})
+
+
+class TextConfig(_Body):
+    format: Obj | None = None
+
+
+class ResponsesRequest(_Body):
+    ignored = frozenset({"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+                         "service_tier"})
+    model: StrictStr | None = None
+    input: Input
+    instructions: StrictStr | None = None
+    previous_response_id: Id | None = None
+    store: StrictBool = True
+    stream: StrictBool = False
+    max_output_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_logprobs: TopLogprobs | None = None
+    include: list[StrictStr] | None = None
+    text: TextConfig | None = None
+    tools: list[Obj] | None = Field(default=None, max_length=128)
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool = True
+    metadata: Metadata | None = None
+    truncation: Literal["disabled", "auto"] = "disabled"
+    background: StrictBool = False
+    reasoning: None = None                   # a reasoning config would go unhonoured: refused
+    # actorserve / vLLM extras
+    seed: Seed | None = None
+    logit_bias: LogitBias | None = None
+    request_timeout: RequestTimeout | None = None
+
+    def check(self) -> None:
+        if self.background:
+            raise FieldError("background", "background responses are not supported; stream instead")
+        for i, value in enumerate(self.include or ()):
+            if value not in INCLUDABLE:
+                raise FieldError(f"include.{i}", f"include {value!r} is not supported; supported: "
+                                                 f"{', '.join(sorted(INCLUDABLE))}")
+
+    @property
+    def want_logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.include or ())
+
+    def sampling(self, default_max: int, grammar: tuple[str, str] | None) -> SamplingParams:
+        kw: dict[str, Any] = {}
+        if self.temperature is not None:
+            kw["temperature"] = self.temperature
+        if self.top_p is not None:
+            kw["top_p"] = self.top_p
+        return SamplingParams(
+            max_new_tokens=self.max_output_tokens or default_max, seed=self.seed,
+            logprobs=self.want_logprobs, top_logprobs=(self.top_logprobs or 0) if self.want_logprobs else 0,
+            logit_bias=bias_pairs(self.logit_bias), grammar=grammar, **kw)
+
+
+class InputItemsQuery(_Body):
+    after: Id | None = None
+    limit: Annotated[int, Field(ge=1, le=100)] = 20
+    order: Literal["asc", "desc"] = "desc"
+
+
+class ResponsePath(BaseModel):
+    response_id: str
