@@ -362,3 +362,29 @@ async def test_a_store_of_none_refuses_store_true_and_serves_store_false(tiny):
         r = await oa.responses.create(model=NAME, input="x", max_output_tokens=1, store=False)
         assert r.status == "incomplete" and not rt.sessions.sessions
         await settle(rt)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from http_support import load_smol
+    return load_smol()
+
+
+@pytest.mark.model
+async def test_a_chain_over_a_real_chat_template_ended_by_eos(smol):
+    """SmolLM2's own template: the parent ends with its EOS (<|im_end|>), a token of the KV but
+    not of the text, and the child still extends the parent's tokens exactly."""
+    async with serving(smol, kv_blocks=128) as (http, rt, oa):
+        r1 = await oa.responses.create(model=NAME, input="What is 2+2? Reply with the number only.", max_output_tokens=64,
+                                       temperature=0)
+        assert r1.status == "completed", r1.output_text
+        r2 = await oa.responses.create(model=NAME, input="And 3+3?", previous_response_id=r1.id,
+                                       max_output_tokens=24, temperature=0)
+        n1, n2 = node(rt, r1.id, r1.id), node(rt, r1.id, r2.id)
+        eos = smol[1].convert_tokens_to_ids("<|im_end|>")
+        assert n1.output_ids[-1] == eos and n2.parent is n1
+        assert n2.prompt_ids[:len(n1.prompt_ids) + len(n1.output_ids)] == n1.prompt_ids + n1.output_ids
+        assert tuple(n2.prompt_ids).count(eos) == tuple(n1.prompt_ids).count(eos) + 2   # no doubled EOS
+        assert r2.usage.input_tokens_details.cached_tokens == cached_after(r1.usage.input_tokens,
+                                                                           r1.usage.output_tokens)
+        await settle(rt)

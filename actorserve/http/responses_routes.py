@@ -267,12 +267,13 @@ class _Run:
 
     def _kv_text(self, out: RequestOutput) -> str:
         """The text this response's tokens (prompt + output) stand for, as the chat template
-        renders a conversation: the rendered prompt, the output text, and the special token
-        that ended it (EOS is a token of the KV but not of the text)."""
+        renders a conversation: the rendered prompt, the output text, and the stop token that
+        ended it (EOS is a token of the KV but not of the text)."""
         tok = self.ctx.tokenizer
         end = ""
-        if out.token_ids and out.token_ids[-1] in tok.special_ids:
-            end = tok.decode(out.token_ids[-1:], skip_special_tokens=False)
+        last = out.token_ids[-1] if out.token_ids else None
+        if last is not None and (last in tok.special_ids or out.matched_stop == last):
+            end = tok.decode([last], skip_special_tokens=False)
         return self.text + out.text + end
 
     def end_store(self) -> None:
