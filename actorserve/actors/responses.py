@@ -75,7 +75,8 @@ class ResponseStoreActor(Actor):
     # -- reads (plain data, from the loop) -----------------------------------------------------
     def get(self, response_id: str) -> StoredResponse | None:
         r = self.entries.get(response_id)
-        return r if r is not None and r.state not in (ResponseState.deleted, ResponseState.evicted) else None
+        gone = (ResponseState.deleted, ResponseState.evicted)
+        return r if r is not None and r.state not in gone else None
 
     def describe(self) -> dict[str, Any]:
         by_state: dict[str, int] = {}
@@ -97,10 +98,12 @@ class ResponseStoreActor(Actor):
             p = self.entries.get(msg.previous_id)
             if p is None:
                 return _reject(f"previous response {msg.previous_id!r} not found: it was never stored "
-                               "(store: false), or it was deleted or evicted", "previous_response_not_found")
+                               "(store: false), or it was deleted or evicted",
+                               "previous_response_not_found")
             if p.state not in CONTINUABLE:
-                return _reject(f"previous response {msg.previous_id!r} is {p.state.name}; only a completed "
-                               "or incomplete response can be continued", "previous_response_not_continuable")
+                return _reject(f"previous response {msg.previous_id!r} is {p.state.name}; only a "
+                               "completed or incomplete response can be continued",
+                               "previous_response_not_continuable")
             previous = p.record
         r = StoredResponse(msg.response_id, msg.body)
         self.entries[msg.response_id] = r

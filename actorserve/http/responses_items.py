@@ -180,7 +180,8 @@ def response_object(rid: str, body: Any, model: str, *, status: str, created: fl
         "previous_response_id": body.previous_response_id,
         "temperature": body.temperature if body.temperature is not None else 1.0,
         "top_p": body.top_p if body.top_p is not None else 1.0, "top_logprobs": body.top_logprobs or 0,
-        "tool_choice": body.tool_choice if body.tool_choice is not None else ("auto" if body.tools else "none"),
+        "tool_choice": (body.tool_choice if body.tool_choice is not None
+                        else "auto" if body.tools else "none"),
         "tools": list(body.tools or []), "text": _text_config(body),
         "truncation": body.truncation, "store": body.store, "background": False,
         "reasoning": None, "service_tier": "default", "usage": use, "user": None,

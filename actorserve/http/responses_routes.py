@@ -38,7 +38,9 @@ from ..statemachines import ResponseState
 from . import sse
 from .constraints import compile_constraint, pick_constraint
 from .errors import APIError, FieldError
-from .generation import RequestGroup, check_accepting, check_admission, check_prompt, check_sampling, session_prompt
+from .generation import (
+    RequestGroup, check_accepting, check_admission, check_prompt, check_sampling, session_prompt,
+)
 from .openai_routes import chat_logprobs, resolve_model
 from .responses_items import (
     call_item, chat_tool_choice, chat_tools, message_item, new_id, read_input, response_object,
@@ -72,7 +74,8 @@ def _previous(ctx: ServerContext, body: ResponsesRequest) -> dict[str, Any] | No
 
 
 def _plan(ctx: ServerContext, body: ResponsesRequest, conversation: list[dict[str, Any]]) -> ToolPlan:
-    messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    messages = system + conversation
     view = SimpleNamespace(messages=messages, tools=chat_tools(body.tools),
                            tool_choice=chat_tool_choice(body.tool_choice),
                            parallel_tool_calls=body.parallel_tool_calls)
@@ -87,12 +90,13 @@ def _constraint(body: ResponsesRequest, plan: ToolPlan) -> tuple[tuple[str, str]
     own = None
     if fmt is not None:
         # the Responses API spells json_schema flat: {type, name, schema, strict}
-        rf = fmt if fmt.get("type") != "json_schema" else {
-            "type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
+        flat = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
+        rf = fmt if fmt.get("type") != "json_schema" else {"type": "json_schema", "json_schema": flat}
         try:
             own = pick_constraint(SimpleNamespace(response_format=rf))
         except FieldError as exc:
-            raise FieldError(_format_param(exc.param), str(exc).replace("response_format", "text.format")) from None
+            message = str(exc).replace("response_format", "text.format")
+            raise FieldError(_format_param(exc.param), message) from None
         if own is not None:
             own = (own[0], _format_param(own[1]))
     if plan.grammar is not None:
@@ -104,7 +108,8 @@ def _constraint(body: ResponsesRequest, plan: ToolPlan) -> tuple[tuple[str, str]
 
 
 def _format_param(param: str) -> str:
-    return param.replace("response_format.json_schema", "text.format").replace("response_format", "text.format")
+    return (param.replace("response_format.json_schema", "text.format")
+            .replace("response_format", "text.format"))
 
 
 def _render(ctx: ServerContext, plan: ToolPlan) -> str:
@@ -114,7 +119,8 @@ def _render(ctx: ServerContext, plan: ToolPlan) -> str:
         raise FieldError("input", str(exc)) from None
 
 
-def _fit(ctx: ServerContext, body: ResponsesRequest, conversation: list[dict[str, Any]]) -> tuple[ToolPlan, str, list[int]]:
+def _fit(ctx: ServerContext, body: ResponsesRequest,
+         conversation: list[dict[str, Any]]) -> tuple[ToolPlan, str, list[int]]:
     """The plan, rendered text and ids; ``truncation: auto`` drops the oldest items until the
     prompt leaves room to generate (``disabled``: too long is a 400)."""
     while True:
@@ -126,7 +132,8 @@ def _fit(ctx: ServerContext, body: ResponsesRequest, conversation: list[dict[str
         conversation = conversation[1:]
 
 
-def _outcome(plan: ToolPlan, out: RequestOutput, logprobs: list[Any] | None) -> tuple[str, list[dict[str, Any]]]:
+def _outcome(plan: ToolPlan, out: RequestOutput,
+             logprobs: list[Any] | None) -> tuple[str, list[dict[str, Any]]]:
     status = STATUS_OF.get(out.finish_reason or "error", "failed")
     item_status = "incomplete" if status == "incomplete" else "completed"
     message, _finish = plan.message(out.text, out.finish_reason)
@@ -166,8 +173,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     rid, created = new_id("resp"), time.time()
     rt = ctx.runtime
     if body.store:
-        res = await rt.session(ResponseBegin(rid, body.previous_response_id,
-                                             response_object(rid, body, model, status="in_progress", created=created)))
+        skeleton = response_object(rid, body, model, status="in_progress", created=created)
+        res = await rt.session(ResponseBegin(rid, body.previous_response_id, skeleton))
         if not res.ok:
             raise APIError(400, res.message, code=res.detail.get("code"), param="previous_response_id"
                            if body.previous_response_id else "store")
@@ -259,8 +266,10 @@ class _Run:
         obj = response_object(self.rid, self.body, self.model, status=status, created=self.created,
                               output=output, use=usage(out.prompt_tokens or len(self.prompt_ids),
                                                        out.completion_tokens, out.cached_tokens),
-                              error=error, incomplete="max_output_tokens" if status == "incomplete" else None)
-        self.result = (status, obj, {"session": self.session, "rid": self.rid, "kv_text": self._kv_text(out),
+                              error=error,
+                              incomplete="max_output_tokens" if status == "incomplete" else None)
+        self.result = (status, obj, {"session": self.session, "rid": self.rid,
+                                     "kv_text": self._kv_text(out),
                                      "conversation": self.conversation + to_messages(output),
                                      "input_items": self.items})
         return obj
