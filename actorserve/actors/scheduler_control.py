@@ -44,6 +44,7 @@ class SchedulerControl(Actor):
     bm: Any
     _pending_pause: tuple[str, asyncio.Future[ControlResult]] | None
     _idle_waiters: list[asyncio.Future[bool]]
+    pause_retractions = 0   # running requests retracted by pause(retract) (a counter, per instance)
     # and its `_abort(Abort)`, `_tell(rid, message)`, `_cancel_window()`, `_settle()`
 
     def fire(self, event: str) -> None:
@@ -84,6 +85,7 @@ class SchedulerControl(Actor):
             n = len(self._abort(Abort(abort_all=True)))
         self.fire(f"pause_{mode}")
         if mode == "retract":
+            self.pause_retractions += len(self.running)
             for seq in self.running:
                 self.bm.free(seq)
                 self._tell(seq.rid, Retracted(seq.rid))

@@ -28,6 +28,10 @@ class SchedulerStats:
     prompt_tokens: int
     isolations: int
     isolated_failures: int
+    preemptions: int = 0            # requests retracted for want of KV blocks (since start)
+    pause_retractions: int = 0      # running requests retracted by pause_generation(retract)
+    prefix_queries: int = 0         # tokens looked up in the prefix cache (since start)
+    prefix_hits: int = 0            # of those, tokens found cached
 
 
 def stats_of(sched: Any) -> SchedulerStats:
@@ -40,4 +44,6 @@ def stats_of(sched: Any) -> SchedulerStats:
         kv_free_blocks=kv.free_blocks, kv_cached_blocks=kv.cached_free_blocks,
         kv_usage=kv.usage, prefix_hit_rate=kv.hit_rate,
         generated_tokens=sched.generated_tokens, prompt_tokens=sched.prompt_tokens,
-        isolations=sched.isolations, isolated_failures=sched.isolated_failures)
+        isolations=sched.isolations, isolated_failures=sched.isolated_failures,
+        preemptions=getattr(sched.policy, "preemptions", 0), pause_retractions=sched.pause_retractions,
+        prefix_queries=kv.prefix_queries_total, prefix_hits=kv.prefix_hits_total)

@@ -46,6 +46,7 @@ class Plan:
 class BatchPolicy:
     def __init__(self, config: BatchConfig | None = None) -> None:
         self.config = config or BatchConfig()
+        self.preemptions = 0          # sequences retracted for want of KV blocks (a counter)
 
     def plan(self, running: list[Sequence], lanes: list[deque[Sequence]], bm: BlockManager) -> Plan:
         """Choose the next step. `running` is oldest-first and may shrink (retraction);
@@ -65,6 +66,7 @@ class BatchPolicy:
                 running.pop()
                 bm.free(victim)
                 out.retracted.append(victim)
+                self.preemptions += 1
                 if victim is seq:
                     break
                 continue

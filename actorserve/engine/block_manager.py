@@ -25,8 +25,10 @@ class KVStats(NamedTuple):
     free_blocks: int          # never used or flushed
     cached_free_blocks: int   # refcount 0 but still holding a cached prefix (evictable)
     used_blocks: int          # refcount > 0
-    prefix_query_tokens: int
+    prefix_query_tokens: int  # since start or the last flush (the hit rate's window)
     prefix_hit_tokens: int
+    prefix_queries_total: int = 0   # tokens looked up in the prefix cache since start (a counter)
+    prefix_hits_total: int = 0      # of those, tokens found cached (a counter; flush keeps it)
 
     @property
     def usage(self) -> float:
@@ -55,6 +57,8 @@ class BlockManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # refcount-0 cached blocks, LRU first
         self._query_tokens = 0
         self._hit_tokens = 0
+        self._queries_total = 0        # never reset: the counters vLLM's prefix_cache_* export
+        self._hits_total = 0
 
     # -- queries -------------------------------------------------------------------------------
     def blocks_needed(self, seq: Sequence, n_tokens: int) -> int:
@@ -71,7 +75,7 @@ class BlockManager:
     def stats(self) -> KVStats:
         used = self.num_blocks - len(self._free) - len(self._evictable)
         return KVStats(self.num_blocks, len(self._free), len(self._evictable), used,
-                       self._query_tokens, self._hit_tokens)
+                       self._query_tokens, self._hit_tokens, self._queries_total, self._hits_total)
 
     # -- prefix cache ----------------------------------------------------------------------------
     def match_prefix(self, seq: Sequence) -> int:
@@ -84,6 +88,7 @@ class BlockManager:
         assert not seq.block_table, "match_prefix on a sequence that already holds blocks"
         tokens = seq.token_ids()
         self._query_tokens += len(tokens)
+        self._queries_total += len(tokens)
         if not self.enable_prefix_cache:
             return 0
         bs = self.block_size
@@ -104,6 +109,7 @@ class BlockManager:
             matched += bs
         seq.num_computed = seq.num_cached = matched
         self._hit_tokens += matched
+        self._hits_total += matched
         return matched
 
     def commit(self, seq: Sequence) -> None:
