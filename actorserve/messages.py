@@ -270,6 +270,10 @@ class RequestOutput:
     # string that ended it (SGLang's matched_stop); None otherwise
     matched_stop: int | str | None = None
     aborted_in: str | None = None        # finish_reason abort / timeout: the state it was caught in
+    # On the finished output of a request that got its result (not aborted or failed): seconds
+    # it spent in each lifecycle state until then ("queued", "prefill", "decode", "paused";
+    # pooling: "queued", "forward"), from its state machine's transitions on the runtime clock.
+    timings: dict[str, float] | None = None
     prompt_logprobs: Any = None          # engine.base.PromptLogprobs, on the first token's output
 
 

@@ -110,6 +110,7 @@ class OutputStream:
         for f in ("finished", "finish_reason", "error", "pooled", "prompt_tokens",
                   "completion_tokens", "cached_tokens", "matched_stop", "aborted_in"):
             setattr(merged, f, getattr(last, f))
+        merged.timings = last.timings
         return merged
 
 
@@ -118,7 +119,7 @@ class RequestActor(Actor):
 
     __slots__ = ("rid", "state", "scheduler", "stream", "is_probe", "prompt_tokens",
                  "cached_tokens", "t_arrival", "t_first", "t_done", "deadline", "on_deadline",
-                 "_deadline_timer")
+                 "_deadline_timer", "durations", "_t_entered")
     lifecycle: Lifecycle
     mailbox_capacity = 4096
 
@@ -137,12 +138,14 @@ class RequestActor(Actor):
         self.deadline: float | None = None          # seconds after arrival (set by the runtime)
         self.on_deadline: Callable[[str], None] | None = None
         self._deadline_timer: Any = None
+        self.durations: dict[str, float] = {}    # state name -> seconds spent in it so far
+        self._t_entered = 0.0                    # when the current state was entered
 
     # -- lifecycle -----------------------------------------------------------------------------
     def on_start(self) -> None:
         sysm = self.system
         assert sysm is not None
-        self.t_arrival = sysm.clock.now()
+        self.t_arrival = self._t_entered = sysm.clock.now()
         if sysm.recorder is not None:
             sysm.recorder.created(self.lifecycle, self, {"probe": True} if self.is_probe else None)
         if self.deadline is not None and self.on_deadline is not None:
@@ -155,8 +158,13 @@ class RequestActor(Actor):
             self._deadline_timer = None
 
     def fire(self, event: str) -> None:
-        rec = self.system.recorder if self.system is not None else None
-        self.lifecycle.fire(self, event, observer=rec)
+        sysm = self.system
+        src = self.state
+        self.lifecycle.fire(self, event, observer=sysm.recorder if sysm is not None else None)
+        if sysm is not None:         # the time in `src` ends with this transition
+            now = sysm.clock.now()
+            self.durations[src.name] = self.durations.get(src.name, 0.0) + (now - self._t_entered)
+            self._t_entered = now
 
     @property
     def terminal(self) -> bool:
@@ -167,6 +175,8 @@ class RequestActor(Actor):
         item.finished = True
         item.prompt_tokens = self.prompt_tokens
         item.cached_tokens = self.cached_tokens
+        if not self.terminal:        # it has its result (detok, pool): its time per state
+            item.timings = dict(self.durations)
         self._fill_usage(item)
         self.stream.put(item)
 
