@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from .engine.batching import BatchConfig
 
+METRICS_SCHEMES = ("actorserve", "vllm", "sglang")    # /metrics naming (http.metric_names)
+METRICS_AUTH = ("required", "open")                   # /metrics behind --api-key, or open
+
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
@@ -66,7 +69,13 @@ class ServerConfig:
     recorder: RecorderConfig = field(default_factory=RecorderConfig)
     debug_routes: bool = False          # /debug/* live inspection (requests, events, diagrams)
     tool_call_parser: str | None = None  # hermes | llama3_json | mistral (None: from the chat template)
+    metrics_names: str = "actorserve"   # actorserve | vllm | sglang: names in /metrics (dashboards)
+    metrics_auth: str = "required"      # required: /metrics needs the API key like the rest; open
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
+        if self.metrics_names not in METRICS_SCHEMES:
+            raise ValueError(f"metrics_names must be one of {METRICS_SCHEMES}, got {self.metrics_names!r}")
+        if self.metrics_auth not in METRICS_AUTH:
+            raise ValueError(f"metrics_auth must be one of {METRICS_AUTH}, got {self.metrics_auth!r}")

@@ -123,7 +123,7 @@ async def test_over_http_a_shed_request_is_503_with_retry_after_and_health_still
         assert (await http.get("/health")).status == 200
         assert (await http.get("/health_generate")).status == 200      # paused: healthy, no probe
         metrics = await (await http.get("/metrics")).text()
-        assert "actorserve_requests_shed_total 2.0" in metrics
+        assert f'actorserve_requests_shed_total{{model_name="{NAME}"}} 2.0' in metrics
         assert (await http.post("/continue_generation", json={})).status == 200
         assert [r.status for r in await asyncio.gather(*waiting)] == [200, 200]
         assert (await http.post("/generate", json=body)).status == 200   # room again

@@ -181,10 +181,11 @@ async def test_metrics_count_requests(tiny):
                      "actorserve_num_requests_running", "actorserve_num_requests_waiting",
                      "actorserve_kv_cache_usage_perc", "actorserve_prefix_cache_hit_rate"):
             assert name in text, name
-        assert 'actorserve_requests_total{finish_reason="length",kind="generate"} 2.0' in text
-        assert 'actorserve_requests_total{finish_reason="length",kind="completion"} 1.0' in text
-        assert "actorserve_generation_tokens_total 13.0" in text
-        assert "actorserve_e2e_request_latency_seconds_count 3.0" in text
+        model = f'model_name="{NAME}"'
+        assert f'actorserve_requests_total{{finish_reason="length",kind="generate",{model}}} 2.0' in text
+        assert f'actorserve_requests_total{{finish_reason="length",kind="completion",{model}}} 1.0' in text
+        assert f"actorserve_generation_tokens_total{{{model}}} 13.0" in text
+        assert f"actorserve_e2e_request_latency_seconds_count{{{model}}} 3.0" in text
 
 
 async def test_unknown_route_and_method(tiny):

@@ -87,7 +87,8 @@ async def test_health_generate_answers_while_a_long_prefill_runs(tiny):
                                 if e.event == "first_token")
         assert max(e.seq for e in probes if e.event == "deliver") < first_token_long
         metrics = await (await http.get("/metrics")).text()
-        assert 'actorserve_requests_total{finish_reason="length",kind="generate"} 1.0' in metrics
+        assert ('actorserve_requests_total{finish_reason="length",kind="generate",model_name='
+                f'"{NAME}"}} 1.0') in metrics
         assert "health" not in metrics
         assert rt.stats().prompt_tokens == 900
         await settle(rt)

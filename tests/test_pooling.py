@@ -71,10 +71,11 @@ async def test_embeddings_routes_and_lifecycle(tiny, minilm):
             assert r.status == status, (bad, await r.text())
             assert_error(await r.json())
         metrics = await (await http.get("/metrics")).text()
-        assert 'actorserve_requests_total{finish_reason="stop",kind="embeddings"}' in metrics
+        embed = f'model_name="{minilm.name}"'
+        assert f'actorserve_requests_total{{finish_reason="stop",kind="embeddings",{embed}}}' in metrics
         steps = rt.pool_stats()["embed"].steps
-        assert f'actorserve_pool_steps{{engine="embed"}} {float(steps)}' in metrics and steps > 0
-        assert 'actorserve_pool_num_requests_waiting{engine="embed"} 0.0' in metrics
+        assert f'actorserve_pool_steps{{engine="embed",{embed}}} {float(steps)}' in metrics and steps > 0
+        assert f'actorserve_pool_num_requests_waiting{{engine="embed",{embed}}} 0.0' in metrics
         info = await (await http.get("/server_info")).json()
         assert info["pooling"]["embed"]["steps"] == steps and info["scheduler"]["steps"] == 0
         models = [m["id"] for m in (await (await http.get("/v1/models")).json())["data"]]

@@ -31,6 +31,12 @@ from .state import CTX, ServerContext
 OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/openapi.json"})
 
 
+def open_paths(config: ServerConfig) -> frozenset[str]:
+    """Paths that need no API key: `OPEN_PATHS`, and `/metrics` with ``--metrics-auth open``
+    (vLLM leaves it open; here it is behind the key unless chosen, the safer default)."""
+    return OPEN_PATHS | {"/metrics"} if config.metrics_auth == "open" else OPEN_PATHS
+
+
 async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
     """A client's ``X-Request-Id`` comes back on its response (errors and streams too)."""
     rid = request.headers.get("X-Request-Id")
@@ -38,12 +44,12 @@ async def _echo_request_id(request: web.Request, response: web.StreamResponse) -
         response.headers["X-Request-Id"] = rid
 
 
-def auth_middleware(api_key: str | None) -> Any:
+def auth_middleware(api_key: str | None, open_: frozenset[str] = OPEN_PATHS) -> Any:
     expected = f"Bearer {api_key}".encode() if api_key else None
 
     @web.middleware
     async def check_key(request: web.Request, handler: Any) -> web.StreamResponse:
-        if expected is not None and request.path not in OPEN_PATHS:
+        if expected is not None and request.path not in open_:
             got = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(got, expected):
                 return error_response(APIError(401, "invalid or missing API key "
@@ -66,11 +72,14 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
     """The app; with ``own_runtime`` it starts the runtime on startup and shuts it down on cleanup.
     ``pool_models``: target -> `http.pooling.PoolModel` for the runtime's pooling engines."""
     app = web.Application(client_max_size=config.max_body_bytes,
-                          middlewares=[error_middleware, auth_middleware(config.api_key)])
+                          middlewares=[error_middleware,
+                                       auth_middleware(config.api_key, open_paths(config))])
     app.on_response_prepare.append(_echo_request_id)
     ctx = ServerContext(runtime=runtime, tokenizer=tokenizer, config=config, served_name=served_name,
                         created=int(time.time()))
-    ctx.metrics = Metrics(runtime.stats, runtime.snapshot, runtime.pool_stats)
+    ctx.metrics = Metrics(runtime.stats, runtime.snapshot, runtime.pool_stats, model_name=served_name,
+                          scheme=config.metrics_names,
+                          pool_names={t: pm.name for t, pm in (pool_models or {}).items()})
     if runtime.new_detokenizer is None and tokenizer is not None:   # the output stage detokenizes
         runtime.new_detokenizer = tokenizer.detokenizer_for
     app[CTX] = ctx

@@ -1,12 +1,21 @@
 """Prometheus metrics, one `CollectorRegistry` per app (so tests and apps never share state).
 
-* gauges sampled from ``runtime.stats()`` at scrape time (a custom collector, so they are never
-  stale): running / queued requests, KV usage, prefix-cache hit rate, server paused; and per
-  pooling engine (label ``engine``, from ``runtime.pool_stats()``): running / queued requests
-  and model steps;
-* histograms observed by `RequestTimer` as outputs stream: time to first token, inter-token
-  latency, end-to-end latency;
-* counters: prompt tokens, generation tokens, requests by kind and finish reason.
+What is exported, and under which names, is `metric_names.TABLE` in the scheme that
+``--metrics-names`` picks (actorserve, vllm or sglang); this module feeds that table:
+
+* sampled at scrape time by a custom collector (so never stale): from the generation
+  scheduler's `SchedulerStats` (running / queued requests, KV usage, the prefix cache's hit rate
+  and its query / hit counters in tokens, preemptions, step isolations), from the server
+  snapshot (paused, requests shed), and per pooling engine (label ``engine``) its running /
+  queued requests and model steps;
+* observed per request by `RequestTimer` as its outputs stream: time to first token, inter-token
+  latency and end-to-end latency, measured here at the edge as a client sees them; token
+  counters and length histograms; requests by kind and finish reason; and the time the request
+  spent queued, in prefill and in decode, which are not measured here: its lifecycle measured
+  them (the finished output's `RequestOutput.timings`, its seconds per state).
+
+Every sample has ``model_name``: the served model for generation (and for the pooling requests
+the generation model serves), a pooling engine's model name for its own requests.
 
 `/metrics` answers in the text exposition format.
 """
@@ -22,53 +31,77 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..messages import RequestOutput
+from .metric_names import TABLE, Exported, exported
 
-PREFIX = "actorserve_"
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                    7.5, 10.0, 20.0, 40.0, 80.0)
+# Sampled metrics: feed -> its value from (generation stats, server snapshot, gen_throughput).
+_FROM_STATS: dict[str, Callable[[Any, Any, float], float]] = {
+    "num_requests_running": lambda st, snap, tput: st.running,
+    "num_requests_waiting": lambda st, snap, tput: st.waiting,
+    "kv_cache_usage_perc": lambda st, snap, tput: st.kv_usage,
+    "prefix_cache_hit_rate": lambda st, snap, tput: st.prefix_hit_rate,
+    "prefix_cache_queries": lambda st, snap, tput: st.prefix_queries,
+    "prefix_cache_hits": lambda st, snap, tput: st.prefix_hits,
+    "num_preemptions": lambda st, snap, tput: st.preemptions,
+    "pause_retractions": lambda st, snap, tput: st.pause_retractions,
+    "gen_throughput": lambda st, snap, tput: tput,
+    "server_paused": lambda st, snap, tput: 1.0 if snap.paused else 0.0,
+    "requests_shed": lambda st, snap, tput: snap.shed,
+    "step_isolations": lambda st, snap, tput: st.isolations,
+    "isolated_failures": lambda st, snap, tput: st.isolated_failures,
+}
+# Sampled per pooling engine: feed -> the `SchedulerStats` field.
+_FROM_POOL = {"pool_num_requests_running": "running", "pool_num_requests_waiting": "waiting",
+              "pool_steps": "steps"}
+# Observed by `RequestTimer`.
+OBSERVED = frozenset({
+    "prompt_tokens", "generation_tokens", "cached_tokens", "requests", "aborted_requests",
+    "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+    "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+    "request_inference_time_seconds", "request_prompt_tokens", "request_generation_tokens",
+})
+_unfed = {m.feed for m in TABLE} - _FROM_STATS.keys() - _FROM_POOL.keys() - OBSERVED
+assert not _unfed, f"metrics in the table that nothing feeds: {sorted(_unfed)}"
+ABORTED = ("abort", "timeout")        # finish reasons SGLang's num_aborted_requests counts
 
 
-class _StatsCollector(Collector):
-    def __init__(self, stats: Callable[[], Any], snapshot: Callable[[], Any],
-                 pool_stats: Callable[[], dict[str, Any]] | None = None) -> None:
-        self._stats = stats
-        self._snapshot = snapshot
-        self._pool_stats = pool_stats
+def _family(ex: Exported) -> GaugeMetricFamily | CounterMetricFamily:
+    cls = CounterMetricFamily if ex.metric.type == "counter" else GaugeMetricFamily
+    return cls(ex.name, ex.metric.doc, labels=list(ex.label_names))
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        st = self._stats()
-        yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests in the running batch",
-                                value=st.running)
-        yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests queued for admission",
-                                value=st.waiting)
-        yield GaugeMetricFamily(PREFIX + "kv_cache_usage_perc", "Fraction of KV blocks in use",
-                                value=st.kv_usage)
-        yield GaugeMetricFamily(PREFIX + "prefix_cache_hit_rate", "Prefix-cache hit rate (blocks)",
-                                value=st.prefix_hit_rate)
-        yield GaugeMetricFamily(PREFIX + "server_paused", "1 while generation is paused",
-                                value=1.0 if self._snapshot().paused else 0.0)
-        yield CounterMetricFamily(PREFIX + "requests_shed", "Requests refused by admission "
-                                  "control (--max-queued-requests): 503 with Retry-After",
-                                  value=self._snapshot().shed)
-        yield CounterMetricFamily(PREFIX + "step_isolations", "Failed model steps whose members "
-                                  "were re-run in halves to find the cause", value=st.isolations)
-        yield CounterMetricFamily(PREFIX + "isolated_failures", "Requests failed as the cause of a "
-                                  "model step's failure (the others went on)", value=st.isolated_failures)
-        pools = self._pool_stats() if self._pool_stats is not None else {}
-        if pools:
-            running = GaugeMetricFamily(PREFIX + "pool_num_requests_running",
-                                        "Pooling requests in a pooling engine's running batch", labels=["engine"])
-            waiting = GaugeMetricFamily(PREFIX + "pool_num_requests_waiting",
-                                        "Pooling requests queued for a pooling engine", labels=["engine"])
-            steps = GaugeMetricFamily(PREFIX + "pool_steps", "Model steps a pooling engine has run",
-                                      labels=["engine"])
-            for key, ps in sorted(pools.items()):
-                running.add_metric([key], ps.running)
-                waiting.add_metric([key], ps.waiting)
-                steps.add_metric([key], ps.steps)
-            yield running
-            yield waiting
-            yield steps
+
+class _Sampled(Collector):
+    def __init__(self, m: "Metrics", metrics: list[Exported]) -> None:
+        self.m = m
+        self.stats = [ex for ex in metrics if ex.metric.feed in _FROM_STATS]
+        self.pooled = [ex for ex in metrics if ex.metric.feed in _FROM_POOL]
+        self._t_last = time.monotonic()
+        self._tokens_last = 0
+
+    def _throughput(self, generated: int) -> float:
+        """Tokens generated per second since the previous scrape (SGLang's gen_throughput is
+        over its last logging interval; a scrape is ours)."""
+        now = time.monotonic()
+        dt, self._t_last = now - self._t_last, now
+        tokens, self._tokens_last = generated - self._tokens_last, generated
+        return tokens / dt if dt > 0 else 0.0
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        m = self.m
+        st, snap = m.stats(), m.snapshot()
+        tput = self._throughput(st.generated_tokens)
+        for ex in self.stats:
+            fam = _family(ex)
+            fam.add_metric([m.model_name], _FROM_STATS[ex.metric.feed](st, snap, tput))
+            yield fam
+        pools = m.pool_stats() if m.pool_stats is not None else {}
+        if not pools:
+            return
+        for ex in self.pooled:
+            fam = _family(ex)
+            field = _FROM_POOL[ex.metric.feed]
+            for target, ps in sorted(pools.items()):
+                fam.add_metric([m.pool_names.get(target, target), target], getattr(ps, field))
+            yield fam
 
     def describe(self) -> list[Any]:
         return []
@@ -76,23 +109,43 @@ class _StatsCollector(Collector):
 
 class Metrics:
     def __init__(self, stats: Callable[[], Any], snapshot: Callable[[], Any],
-                 pool_stats: Callable[[], dict[str, Any]] | None = None) -> None:
+                 pool_stats: Callable[[], dict[str, Any]] | None = None, *, model_name: str = "",
+                 scheme: str = "actorserve", pool_names: dict[str, str] | None = None) -> None:
+        self.stats, self.snapshot, self.pool_stats = stats, snapshot, pool_stats
+        self.model_name = model_name
+        self.pool_names = dict(pool_names or {})      # pooling target -> its model's name
+        self.scheme = scheme
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Time between output tokens",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "End-to-end request latency",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens processed", registry=r)
-        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter(PREFIX + "requests", "Finished requests",
-                                ["kind", "finish_reason"], registry=r)
-        r.register(_StatsCollector(stats, snapshot, pool_stats))
+        metrics = exported(scheme)
+        # feed -> [(instrument, which of the feed's labels it keeps, is a counter)]
+        self._fed: dict[str, list[tuple[Any, tuple[bool, ...], bool]]] = {}
+        for ex in metrics:
+            if ex.metric.feed not in OBSERVED:
+                continue
+            counter = ex.metric.type == "counter"
+            kw = {} if counter else {"buckets": ex.metric.buckets}
+            inst = (Counter if counter else Histogram)(ex.name, ex.metric.doc, list(ex.label_names),
+                                                       registry=self.registry, **kw)
+            if len(ex.label_names) == 1:
+                inst.labels(model_name)                # exported at 0 from the start, as vLLM does
+            keep = tuple(n is not None for n in ex.labels)
+            self._fed.setdefault(ex.metric.feed, []).append((inst, keep, counter))
+        self.registry.register(_Sampled(self, metrics))
 
-    def timer(self, kind: str) -> "RequestTimer":
-        return RequestTimer(self, kind)
+    def observe(self, feed: str, value: float, model: str, labels: tuple[str, ...] = ()) -> None:
+        """One observation (a histogram) or increment (a counter) of `feed`, into every metric
+        it feeds in this scheme (none: the scheme does not export it)."""
+        for inst, keep, counter in self._fed.get(feed, ()):
+            child = inst.labels(model, *(v for v, k in zip(labels, keep) if k))
+            if counter:
+                child.inc(value)
+            else:
+                child.observe(value)
+
+    def timer(self, kind: str, *, model: str | None = None, generates: bool = True) -> "RequestTimer":
+        """A timer for one request of `kind` on `model` (default: the served model);
+        ``generates=False`` for pooling requests (no generation length, no decode time)."""
+        return RequestTimer(self, kind, self.model_name if model is None else model, generates)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -101,11 +154,13 @@ class Metrics:
 class RequestTimer:
     """Observes one request's output stream: first token, gaps between tokens, the end."""
 
-    __slots__ = ("m", "kind", "t0", "t_last", "first", "done")
+    __slots__ = ("m", "kind", "model", "generates", "t0", "t_last", "first", "done")
 
-    def __init__(self, metrics: Metrics, kind: str) -> None:
+    def __init__(self, metrics: Metrics, kind: str, model: str, generates: bool = True) -> None:
         self.m = metrics
         self.kind = kind
+        self.model = model
+        self.generates = generates
         self.t0 = time.perf_counter()
         self.t_last = self.t0
         self.first = True
@@ -116,17 +171,38 @@ class RequestTimer:
         n = len(out.token_ids)
         if n:
             if self.first:
-                self.m.ttft.observe(now - self.t0)
+                self.m.observe("time_to_first_token_seconds", now - self.t0, self.model)
                 self.first = False
             else:
-                self.m.itl.observe((now - self.t_last) / n)
+                self.m.observe("inter_token_latency_seconds", (now - self.t_last) / n, self.model)
             self.t_last = now
         if out.finished and not self.done:
             self.done = True
-            self.m.e2e.observe(now - self.t0)
-            self.m.prompt_tokens.inc(out.prompt_tokens)
-            self.m.generation_tokens.inc(out.completion_tokens)
-            self.m.requests.labels(self.kind, out.finish_reason or "unknown").inc()
+            self._finished(out, now)
+
+    def _finished(self, out: RequestOutput, now: float) -> None:
+        m, model = self.m, self.model
+        reason = out.finish_reason or "unknown"
+        m.observe("e2e_request_latency_seconds", now - self.t0, model)
+        m.observe("requests", 1, model, (self.kind, reason))
+        if reason in ABORTED:
+            m.observe("aborted_requests", 1, model)
+        m.observe("prompt_tokens", out.prompt_tokens, model)
+        m.observe("request_prompt_tokens", out.prompt_tokens, model)
+        m.observe("cached_tokens", out.cached_tokens, model)
+        if self.generates:
+            m.observe("generation_tokens", out.completion_tokens, model)
+            m.observe("request_generation_tokens", out.completion_tokens, model)
+        t = out.timings                # the lifecycle's seconds per state (a request with a result)
+        if t is None:
+            return
+        prefill = t.get("prefill", 0.0) if self.generates else t.get("forward", 0.0)
+        decode = t.get("decode", 0.0)
+        m.observe("request_queue_time_seconds", t.get("queued", 0.0), model)
+        m.observe("request_prefill_time_seconds", prefill, model)
+        if self.generates:
+            m.observe("request_decode_time_seconds", decode, model)
+        m.observe("request_inference_time_seconds", prefill + (decode if self.generates else 0.0), model)
 
     @property
     def elapsed(self) -> float:

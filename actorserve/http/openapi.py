@@ -12,8 +12,8 @@ for a ``POST``, an optional JSON object body.
 Every error response refers to one schema, ``ErrorResponse``: the OpenAI shape
 ``{"error": {"message", "type", "code", "param"}}`` that `errors.error_middleware` answers
 with. With an API key, every operation but those on the open paths (`app.OPEN_PATHS`) needs
-bearer auth, and says so (``security``, and a 401). The document is built once per app, on
-its first request.
+bearer auth, and says so (``security``, and a 401); `app.open_paths` adds `/metrics` with
+``--metrics-auth open``. The document is built once per app, on its first request.
 """
 
 from __future__ import annotations
@@ -316,10 +316,11 @@ def build_openapi(app: web.Application, open_paths: Iterable[str]) -> dict[str, 
 
 
 async def openapi_handler(request: web.Request) -> web.Response:
-    from .app import OPEN_PATHS     # here, not at the top: app imports this module
-    extra = request.app[CTX].extra
+    from .app import open_paths     # here, not at the top: app imports this module
+    ctx = request.app[CTX]
+    extra = ctx.extra
     if _CACHE not in extra:
-        extra[_CACHE] = build_openapi(request.app, OPEN_PATHS)
+        extra[_CACHE] = build_openapi(request.app, open_paths(ctx.config))
     return web.json_response(extra[_CACHE])
 
 

@@ -119,7 +119,9 @@ class PoolGroup:
         handle = self.ctx.runtime.pool(ids, params, target=target)
         self.handles.append(handle)
         if self.ctx.metrics is not None:
-            self.timers[handle.rid] = self.ctx.metrics.timer(self.kind)
+            model = loaded(self.ctx, target) if target is not None else None
+            self.timers[handle.rid] = self.ctx.metrics.timer(
+                self.kind, model=model.name if model is not None else None, generates=False)
 
     async def _final(self, handle: Any) -> RequestOutput:
         out = await handle.stream.final()

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import sys
 
-from ..config import ModelConfig, RecorderConfig, SchedulerConfig, ServerConfig
+from ..config import METRICS_AUTH, METRICS_SCHEMES, ModelConfig, RecorderConfig, SchedulerConfig, ServerConfig
 from ..engine.batching import BatchConfig
 
 
@@ -49,6 +49,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(behind --api-key when one is set)")
     p.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json", "mistral"),
                    help="how the model writes tool calls (default: chosen from its chat template)")
+    p.add_argument("--metrics-names", default="actorserve", choices=METRICS_SCHEMES,
+                   help="metric names in /metrics: actorserve_* (default), or vLLM's vllm:* or SGLang's "
+                        "sglang:*, so their published Grafana dashboards work unchanged")
+    p.add_argument("--metrics-auth", default="required", choices=METRICS_AUTH,
+                   help="with --api-key: /metrics needs the key like every route (required, the "
+                        "default) or is open for a Prometheus scraper without it (open, as vLLM)")
+    p.add_argument("--responses-store", type=int, default=1000, metavar="N",
+                   help="/v1/responses: keep at most N ended stored responses (for GET, DELETE and "
+                        "previous_response_id); past that the oldest is evicted; 0 stores none")
     p.add_argument("--log-level", default="info")
 
 
@@ -69,10 +78,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         scheduler=SchedulerConfig(batch=BatchConfig(**batch_kw),
                                   watchdog_timeout_s=getattr(args, "watchdog_timeout", None),
                                   max_queued_requests=getattr(args, "max_queued_requests", None),
-                                  request_timeout_s=getattr(args, "request_timeout", None)),
+                                  request_timeout_s=getattr(args, "request_timeout", None),
+                                  responses_store=getattr(args, "responses_store", 1000)),
         recorder=RecorderConfig(path=args.record),
         debug_routes=bool(getattr(args, "debug_routes", False)),
-        tool_call_parser=getattr(args, "tool_call_parser", None))
+        tool_call_parser=getattr(args, "tool_call_parser", None),
+        metrics_names=getattr(args, "metrics_names", "actorserve"),
+        metrics_auth=getattr(args, "metrics_auth", "required"))
 
 
 def run(args: argparse.Namespace) -> int:
