@@ -31,6 +31,9 @@ STATE_COLORS: dict[str, str] = {
     "pausing": "#e879f9",
     # sessions
     "open": "#a3e635", "closing": "#f0abfc", "closed": "#64748b",
+    # stored responses (/v1/responses)
+    "in_progress": "#fb923c", "completed": "#166534", "incomplete": "#ca8a04",
+    "cancelled": "#9a3412", "deleted": "#1e293b", "evicted": "#7c3aed",
 }
 UNKNOWN = "#9ca3af"
 
