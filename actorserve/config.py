@@ -56,6 +56,7 @@ class RecorderConfig:
     capacity: int = 100_000             # events kept in memory
     max_bytes: int = 256 << 20          # rotate the file past this size
     backups: int = 3
+    replica_id: str | None = None       # the replica this process is in a fleet (in the header)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(or the GPU supports it), else float32. Sampling and pooling stay float32")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=None)
-    p.add_argument("--record", default=None, metavar="PATH", help="flight-recorder JSONL file")
+    p.add_argument("--record", default=None, metavar="PATH",
+                   help="flight-recorder JSONL file; a directory (existing, or ending in /) "
+                        "means DIR/<replica id>.jsonl")
+    p.add_argument("--replica-id", default=None, metavar="ID",
+                   help="this server's name in a fleet, written in the recording's header "
+                        "(default with --record DIR: <host>-<pid>)")
     p.add_argument("--embedding-model", default="embed", metavar="PATH",
                    help='encoder for /v1/embeddings: "embed" (the embedded all-MiniLM-L6-v2, default), '
                         'an HF folder, or "none"')
@@ -67,6 +72,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         batch_kw["max_num_seqs"] = args.max_num_seqs
     if args.max_batch_tokens is not None:
         batch_kw["max_batch_tokens"] = args.max_batch_tokens
+    from ..replay.fleet import recording_path
+
+    record, replica = recording_path(args.record, getattr(args, "replica_id", None))
     return ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key,
         model=ModelConfig(model=args.model, threads=args.threads, kv_blocks=args.kv_blocks,
@@ -80,7 +88,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                                   max_queued_requests=getattr(args, "max_queued_requests", None),
                                   request_timeout_s=getattr(args, "request_timeout", None),
                                   responses_store=getattr(args, "responses_store", 1000)),
-        recorder=RecorderConfig(path=args.record),
+        recorder=RecorderConfig(path=record, replica_id=replica),
         debug_routes=bool(getattr(args, "debug_routes", False)),
         tool_call_parser=getattr(args, "tool_call_parser", None),
         metrics_names=getattr(args, "metrics_names", "actorserve"),

@@ -42,8 +42,9 @@ def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]
     return {"ph": "M", "name": name, "pid": pid, "tid": tid, "args": args}
 
 
-def to_chrome_trace(events: Iterable[Event]) -> dict[str, Any]:
-    """The trace object (see the module docstring); `json.dump` it."""
+def to_chrome_trace(events: Iterable[Event], *, t0: int | None = None) -> dict[str, Any]:
+    """The trace object (see the module docstring); `json.dump` it. `t0` (ns) is the time
+    ``ts`` counts from, the first event's by default (a fleet's traces share one)."""
     evs = list(events)
     out: list[dict[str, Any]] = [
         _meta("process_name", RUNTIME_PID, 0, {"name": "actorserve"}),
@@ -53,7 +54,7 @@ def to_chrome_trace(events: Iterable[Event]) -> dict[str, Any]:
     ]
     if not evs:
         return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": {"events": 0}}
-    t0, last = evs[0].t_ns, evs[-1].t_ns
+    t0, last = (evs[0].t_ns if t0 is None else t0), evs[-1].t_ns
     tracks: dict[tuple[str, str | None], dict[str, Any]] = {}
     next_tid = {RUNTIME_PID: 1, REQUESTS_PID: 1}
 

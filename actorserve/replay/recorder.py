@@ -23,6 +23,12 @@ path) and, when a path is given, are appended to a JSONL file. The file opens wi
 tell a history recorded under other definitions. Files rotate at `max_bytes` (`PATH`,
 `PATH.1`, ...), each new file starting with its own header.
 
+*Fleet recordings.* A recorder made with ``replica="r0"`` names its replica in the header,
+and every header carries a clock anchor, ``{"t_ns": ..., "wall_ns": ...}``: one reading of
+the event clock and one of the wall clock, taken together. Event times stay on the
+runtime's monotonic clock; ``wall_ns + (t_ns - anchor.t_ns)`` puts them on the wall clock,
+which recordings from different processes share (`replay.fleet` merges them so).
+
 Live listeners (the ``/debug/events`` stream) `subscribe(callback)`: each new event is handed to
 every callback as an `Event`, synchronously, right after it is recorded. With no subscriber the
 hot path costs one falsy check (within noise of before); a callback that raises is dropped.
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import deque
 from json.encoder import encode_basestring
 from dataclasses import dataclass
@@ -92,8 +99,11 @@ class FlightRecorder:
     def __init__(self, *, capacity: int = 100_000, path: str | os.PathLike[str] | None = None,
                  clock: Clock | None = None, lifecycles: Iterable[Any] = (),
                  max_bytes: int = 256 << 20, backups: int = 3, record_messages: bool = True,
-                 flush_every: int = 512) -> None:
+                 flush_every: int = 512, replica: str | None = None,
+                 wall_clock: Callable[[], int] = time.time_ns) -> None:
         self.clock: Clock = clock or LoopClock()
+        self.replica = replica
+        self.wall_clock = wall_clock
         self.ring: deque[tuple] = deque(maxlen=capacity)
         self.seq = 0
         self.cause: int | None = None
@@ -184,8 +194,12 @@ class FlightRecorder:
 
     # -- file sink --------------------------------------------------------------------------------
     def header(self) -> dict[str, Any]:
-        return {"header": {"format": "actorserve-recording/1",
-                           "lifecycles": {n: lc.describe() for n, lc in self._lifecycles.items()}}}
+        head: dict[str, Any] = {"format": "actorserve-recording/1",
+                                "lifecycles": {n: lc.describe() for n, lc in self._lifecycles.items()}}
+        if self.replica is not None:
+            head["replica"] = self.replica
+        head["clock"] = {"t_ns": self.clock.now_ns(), "wall_ns": self.wall_clock()}
+        return {"header": head}
 
     def _open(self) -> None:
         assert self.path is not None

@@ -25,7 +25,8 @@ from ..statemachines.diagram import to_svg
 from .palette import STATE_COLORS, legend
 from .recorder import Event
 from .timeline import (
-    ACTOR_KINDS, REQUEST_KINDS, Axis, busy_spans, fmt_ns, lanes_of, steps_of, timeline_svgs,
+    ACTOR_KINDS, REQUEST_KINDS, Axis, Lane, Step, busy_spans, fmt_ns, lanes_of, steps_of,
+    timeline_svgs,
 )
 from .timeline_js import SCRIPT
 
@@ -150,19 +151,23 @@ h1 { font-size: 20px; margin: 0 0 6px; } h2 { font-size: 16px; margin: 18px 0 6p
 
 
 def to_html(events: Iterable[Event], *, rid: str | None = None, title: str = "actorserve run",
-            limit: int = 500, status: str | None = None) -> str:
+            limit: int = 500, status: str | None = None, lanes: list[Lane] | None = None,
+            steps: list[Step] | None = None) -> str:
     """The self-contained replay page (see the module docstring). `limit` caps the request
     lanes (the page says so when it cuts); `status` is one line shown under the summary
-    (the replay's verdict on an open recording, for one)."""
+    (the replay's verdict on an open recording, for one). `lanes` and `steps`, when given,
+    are drawn instead of those of `events` (a fleet's, grouped by replica: `fleet_render`)."""
     evs = list(events)
-    lanes = [ln for ln in lanes_of(evs) if rid is None or ln.kind in ACTOR_KINDS or ln.rid == rid]
+    if lanes is None:
+        lanes = lanes_of(evs)
+    lanes = [ln for ln in lanes if rid is None or ln.kind in ACTOR_KINDS or ln.rid == rid]
     requests = [ln for ln in lanes if ln.kind in REQUEST_KINDS]
     cut = len(requests) - limit if len(requests) > limit else 0
     if cut:
         keep = {id(ln) for ln in requests[:limit]}
         lanes = [ln for ln in lanes if ln.kind in ACTOR_KINDS or id(ln) in keep]
         requests = requests[:limit]
-    steps = steps_of(evs)
+    steps = steps_of(evs) if steps is None else steps
     stamps = [e.t_ns for e in evs if e.kind in LIFECYCLES or e.kind == "step"
               or (e.kind == "input" and e.event == "step_end")]
     counts = Counter(e.kind for e in evs)

@@ -7,6 +7,7 @@
     actorserve replay run.jsonl --format mermaid [--rid X]
     actorserve replay run.jsonl --format chrome-trace --out trace.json   # chrome://tracing, Perfetto
     actorserve replay --reexecute run.jsonl [--max-num-seqs N ...]   # rerun the inputs, compare
+    actorserve replay DIR | A.jsonl B.jsonl ...   # a fleet's recordings, merged (fleet_cli)
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from .stats import latency_report, wasted_forwards_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a JSONL recording written by `actorserve serve --record PATH`")
+    p.add_argument("path", nargs="+",
+                   help="a JSONL recording written by `actorserve serve --record PATH`; several, "
+                        "or a directory of them (a fleet's, one per replica): merged on one clock")
     p.add_argument("--rid", help="print this request's timeline")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--format", choices=("text", "mermaid", "html", "chrome-trace"), default="text",
@@ -144,6 +147,12 @@ def _reexecute(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if isinstance(args.path, list):
+        if len(args.path) > 1 or os.path.isdir(args.path[0]):
+            from .fleet_cli import run as run_fleet
+
+            return run_fleet(args)
+        args.path = args.path[0]
     if args.reexecute:
         return _reexecute(args)
     header, events = read_recording(args.path)

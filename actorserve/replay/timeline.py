@@ -14,6 +14,9 @@ What is drawn, from a recording's events:
   (and 20 ms) is collapsed into a fixed-width break, marked and labelled with its length, so
   a 37-minute idle tail no longer squeezes the activity into a few pixels. What remains is
   one linear scale; ticks fall on round multiples (1, 2, 5 x 10^k ns; 15 s, 30 s, 1 min ... past 10 s) about every 70 px.
+* *Groups.* Lanes and steps may name a ``group`` (a fleet's replica, `replay.fleet_render`):
+  each group's lanes are drawn under a header row of their own, inside ``<g class='replica'
+  data-replica=NAME>``, and a scheduler lane shows only its own group's steps.
 
 `Axis` is the piecewise-linear mapping; its JSON form lets the page's script
 (`replay.timeline_js`) re-lay the bars and ticks when zooming, with the same arithmetic.
@@ -81,6 +84,7 @@ class Lane:
     rid: str | None
     label: str
     segments: list[Segment] = field(default_factory=list)
+    group: str | None = None       # the replica, in a fleet's timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,7 @@ class Step:
     start: int
     end: int | None
     batch: tuple
+    group: str | None = None       # the replica, in a fleet's timeline
 
 
 def lanes_of(events: list[Event]) -> list[Lane]:
@@ -223,7 +228,7 @@ def _esc(text: object) -> str:
 
 
 def label_width(lanes: list[Lane]) -> float:
-    longest = max((len(ln.label) for ln in lanes), default=8)
+    longest = max((max(len(ln.label), len(ln.group or "") + 8) for ln in lanes), default=8)
     return min(LABEL_MAX, longest * CHAR_W + 16)
 
 
@@ -235,7 +240,9 @@ def fit_label(text: str, width: float) -> str:
 
 def timeline_svgs(lanes: list[Lane], steps: list[Step], axis: Axis, last: int) -> tuple[str, str]:
     """(the label column's SVG, the plot's SVG): lanes on the same rows."""
-    lw, n = label_width(lanes), len(lanes)
+    lw = label_width(lanes)
+    n = len(lanes) + sum(1 for i, ln in enumerate(lanes)      # a header row per group
+                         if ln.group is not None and (i == 0 or lanes[i - 1].group != ln.group))
     height = AXIS_H + LANE_H * n + 8
     labels = [f"<svg xmlns='http://www.w3.org/2000/svg' class='tl-labels' width='{lw:.0f}' "
               f"height='{height}' font-family='monospace' font-size='11'>"]
@@ -259,12 +266,28 @@ def timeline_svgs(lanes: list[Lane], steps: list[Step], axis: Axis, last: int) -
                     f"<text x='{axis.brk / 2:.1f}' y='{AXIS_H - 10}' text-anchor='middle' "
                     f"fill='#94a3b8'>{_esc(fmt_ns(idle))}</text></g>")
     plot.append("</g>")
-    by_sched: dict[str, list[Step]] = {}
+    by_sched: dict[tuple[str | None, str], list[Step]] = {}
     for s in steps:
-        by_sched.setdefault(s.sched, []).append(s)
+        by_sched.setdefault((s.group, s.sched), []).append(s)
     t0 = axis.t0
-    for i, ln in enumerate(lanes):
-        y = AXIS_H + i * LANE_H
+    row, group = 0, None
+    for ln in lanes:
+        if ln.group != group:
+            if group is not None:
+                labels.append("</g>")
+                plot.append("</g>")
+            group = ln.group
+            if group is not None:
+                y, g = AXIS_H + row * LANE_H, _esc(group)
+                labels.append(f"<g class='replica' data-replica='{g}'><text class='group-label' "
+                              f"x='4' y='{y + 14}' font-weight='bold'>replica {g}"
+                              f"<title>replica {g}</title></text>")
+                plot.append(f"<g class='replica' data-replica='{g}'><rect class='group-band' x='0' "
+                            f"y='{y + 2}' width='100%' height='{LANE_H - 4}' fill='#e2e8f0' "
+                            f"fill-opacity='0.6'><title>replica {g}</title></rect>")
+                row += 1
+        y = AXIS_H + row * LANE_H
+        row += 1
         who = ln.rid if ln.kind in REQUEST_KINDS else ln.label
         kind = "request" if ln.kind in REQUEST_KINDS else "actor"
         rid_attr = f" data-rid='{_esc(ln.rid)}'" if ln.kind in REQUEST_KINDS else ""
@@ -291,7 +314,7 @@ def timeline_svgs(lanes: list[Lane], steps: list[Step], axis: Axis, last: int) -
                 plot.append(f"<rect class='open' data-a='{seg.start - t0}' data-b='{end - t0}' "
                             f"x='{x0:.1f}' y='{y + 3}' width='{w:.1f}' height='{LANE_H - 6}' "
                             f"fill='url(#tl-open)'/>")
-        for s in by_sched.get(ln.rid or "", []) if ln.kind == "scheduler" else []:
+        for s in by_sched.get((ln.group, ln.rid or ""), []) if ln.kind == "scheduler" else []:
             end = s.end if s.end is not None else last
             x0 = axis.x(s.start)
             w = max(axis.x(end) - x0, 1.5)
@@ -303,6 +326,9 @@ def timeline_svgs(lanes: list[Lane], steps: list[Step], axis: Axis, last: int) -
                         f"fill='#0f172a' fill-opacity='{0.9 if s.step % 2 else 0.55}'>"
                         f"<title>{_esc(s.sched)} step {s.step} · batch of {len(s.batch)} · "
                         f"{dur}: {_esc(members)}</title></rect>")
+        plot.append("</g>")
+    if group is not None:
+        labels.append("</g>")
         plot.append("</g>")
     labels.append("</svg>")
     plot.append("</svg>")
