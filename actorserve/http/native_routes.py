@@ -1,4 +1,4 @@
-"""Native (SGLang-style) routes: `/generate`, `/model_info`, `/server_info`, `/health`;
+"""Native (SGLang-style) routes: `/generate`, `/model_info`, `/server_info`, `/get_load`, `/health`;
 `/version`, `/ping` (SageMaker-style liveness). The tokenizer routes live in `tokenize_routes`.
 
 `/generate` takes ``text`` or ``input_ids``, one or a list (a list answers a list), with
@@ -169,6 +169,20 @@ async def server_info(request: web.Request) -> web.Response:
         "uptime_s": round(time.time() - ctx.created, 3) if ctx.created else None})
 
 
+async def get_load(request: web.Request) -> web.Response:
+    """SGLang's ``/get_load``: one entry per data-parallel rank (one here), ``num_reqs`` running
+    and waiting (pooling included), ``num_waiting_reqs``, ``num_tokens`` held in the KV cache;
+    sglang-router's load is the sum of ``num_tokens`` (power_of_two balances on it)."""
+    rt = request.app[CTX].runtime
+    st, pools = rt.stats(), rt.pool_stats().values()
+    waiting = st.waiting + sum(p.waiting for p in pools)
+    running = st.running + sum(p.running for p in pools)
+    return web.json_response([{
+        "dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting,
+        "num_tokens": st.kv_used_blocks * rt.engine_info.block_size, "num_running_reqs": running,
+        "kv_cache_usage": round(st.kv_usage, 6)}])
+
+
 async def health(request: web.Request) -> web.Response:
     snap = request.app[CTX].runtime.snapshot()
     ok = (snap.state == "serving" or snap.paused) and snap.health == "healthy"
@@ -195,5 +209,6 @@ ROUTES = [
     web.get("/get_model_info", model_info),
     web.get("/server_info", server_info),
     web.get("/get_server_info", server_info),
+    web.get("/get_load", get_load),
     web.get("/health", health),
 ]

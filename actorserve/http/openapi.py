@@ -132,6 +132,7 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     tokenize_routes.detokenize: Op("Text of token ids (or of lists of them)", DetokenizeRequest),
     native_routes.model_info: Op("The model's geometry"),
     native_routes.server_info: Op("Server state, scheduler and pooling statistics, config"),
+    native_routes.get_load: Op("Load per rank, as SGLang's (what sglang-router probes)"),
     native_routes.health: Op("Shallow health: serving and healthy", health=True),
     native_routes.ping: Op("Liveness (SageMaker-style): as /health", health=True),
     native_routes.version: Op("The server's version"),

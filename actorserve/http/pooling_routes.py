@@ -288,10 +288,23 @@ async def rerank_documents(ctx: ServerContext, query: str, docs: list[str],
 
 async def rerank(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
-    body = RerankRequest.model_validate(await read_json(request))
+    raw = await read_json(request)
+    # SGLang's own form (what sglang-router forwards: ``rid`` always there, ``top_k``, and the
+    # model "unknown" when the client named none) is answered in SGLang's shape, the bare list
+    # the router parses and re-wraps (docs/fleet.md).
+    sglang = isinstance(raw, dict) and "rid" in raw
+    if sglang:
+        raw = {("top_n" if k == "top_k" else k): v for k, v in raw.items()
+               if k not in ("rid", "user") and (k, v) != ("model", "unknown")}
+    body = RerankRequest.model_validate(raw)
     check_model(ctx, body.model)
     docs = [doc_text(d, i) for i, d in enumerate(body.documents)]
     ranking = await rerank_documents(ctx, body.query, docs)
+    if sglang:
+        return web.json_response([
+            {"score": ranking.scores[i], "index": i, "meta_info": {"prompt_tokens": ranking.tokens},
+             **({"document": docs[i]} if body.return_documents else {})}
+            for i in ranking.order(body.top_n or None)])
     results = []
     for i in ranking.order(body.top_n or None):
         r: dict[str, Any] = {"index": i, "relevance_score": ranking.scores[i]}

@@ -38,6 +38,7 @@ from pydantic import (
 
 from ..engine.params import SamplingParams
 from .errors import FieldError
+from .router_compat import drop_router_defaults
 from .safe_json import read_json
 
 __all__ = ["read_json"]      # re-exported: the routes read bodies through here
@@ -139,6 +140,7 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_ignored(cls, data: Any) -> Any:
+        data = drop_router_defaults(data, cls.model_fields)     # sglang-router's no-op fields
         if isinstance(data, dict) and cls.ignored and not cls.ignored.isdisjoint(data):
             data = {k: v for k, v in data.items() if k not in cls.ignored}
         return data
