@@ -12,6 +12,9 @@ import asyncio
 import json
 import re
 
+import pytest
+from browser_support import CHROMIUM, SKIP_REASON, dump_dom
+
 from actorserve.actors.clock import ManualClock
 from actorserve.actors.runtime import Runtime
 from actorserve.cli import main as cli
@@ -210,3 +213,53 @@ async def test_reexecute_reports_each_replica(tmp_path, capsys):
 def test_an_empty_folder_is_an_error(tmp_path, capsys):
     assert cli(["replay", str(tmp_path)]) == 2
     assert "no recordings" in capsys.readouterr().err
+
+
+async def test_rid_draws_that_request_on_every_replica(tmp_path):
+    d = await fleet(tmp_path, shared_rid=True)
+    page = to_fleet_html(load_replicas([str(d)]), rid="dup")
+    assert re.findall(r"<g class='lane request' data-kind='generation' data-rid='([^']+)'", page) \
+        == ["r0/dup", "r1/dup"]
+    assert page.count("data-kind='server'") == 2                    # each replica's actors stay
+
+
+async def test_a_file_without_anchor_starts_with_the_fleet_and_parts_join(tmp_path, capsys):
+    d = await fleet(tmp_path)
+    old = d / "r1.jsonl"
+    lines = old.read_text().splitlines()
+    header = json.loads(lines[0])
+    del header["header"]["clock"], header["header"]["replica"]
+    (d / "old.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    old.unlink()
+    clock = ManualClock(start=7.0)                                  # a rotated recording: parts
+    rec = FlightRecorder(path=d / "rot.jsonl", clock=clock, lifecycles=LIFECYCLES.values(),
+                         replica="rot", wall_clock=lambda: WALL0 + 1_000_000, max_bytes=4096,
+                         backups=50)
+    rt = Runtime(FakeEngine(), config=SchedulerConfig(batch=BatchConfig()), clock=clock, recorder=rec)
+    await rt.start()
+    for i in range(6):
+        rec.flush()
+        await rt.generate([1, 2, 3], SamplingParams(max_new_tokens=4), rid=f"rot-{i}").stream.final()
+    await rt.shutdown()
+    assert (d / "rot.jsonl.1").exists()
+    reps = load_replicas([str(d)])
+    assert [(r.name, r.anchored) for r in reps] == [("old", False), ("r0", True), ("rot", True)]
+    old_rep = reps[0]
+    assert old_rep.common(old_rep.events[0].t_ns) == min(r.common(r.events[0].t_ns) for r in reps[1:])
+    assert [e.seq for e in reps[2].events] == list(range(1, len(reps[2].events) + 1))
+    assert cli(["replay", str(d)]) == 0
+    text = capsys.readouterr().out
+    assert "old: no clock anchor in its header" in text and "3 replicas" in text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
+async def test_the_fleet_page_zooms_and_picks_a_replicas_request_in_a_browser(tmp_path):
+    d = await fleet(tmp_path, shared_rid=True)
+    page = tmp_path / "fleet.html"
+    page.write_text(to_fleet_html(load_replicas([str(d)])), encoding="utf-8")
+    dom = await asyncio.to_thread(dump_dom, tmp_path, page, 1200, 900, "#zoom=2&rid=r1/dup")
+    assert re.search(r"class=\"lane request selected\" data-kind=\"generation\" data-rid=\"r1/dup\"", dom)
+    assert not re.search(r"selected\" data-kind=\"generation\" data-rid=\"r0/dup\"", dom)
+    assert "r1/dup (generation)" in dom
+    assert dom.count("class=\"replica\" data-replica=\"r1\"") == 2
+    assert "×2" in dom
