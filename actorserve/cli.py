@@ -1,4 +1,4 @@
-"""`actorserve serve | diagram | replay | models` — one entry, each subcommand in its own module."""
+"""`actorserve serve | diagram | replay | models | fleet` — one entry, each subcommand in its own module."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ SUBCOMMANDS: dict[str, str] = {
     "diagram": "actorserve.statemachines.diagram_cli",
     "replay": "actorserve.replay.replay_cli",
     "models": "actorserve.engine.models_cli",
+    "fleet": "actorserve.fleet.fleet_cli",
 }
 
 

@@ -1,0 +1,258 @@
+"""`actorserve fleet`: two tiny replicas behind the real sglang-router binary (PyPI), as users
+run it: mixed traffic through the one URL, a session's turns on one replica, abort by rid
+reaching the replica that holds it, a replica killed mid-run (every request ends, traffic after
+succeeds, the fleet restarts it), and SIGTERM draining everything. One fleet for the module."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import aiohttp
+import pytest
+
+from actorserve.fleet.supervisor import free_port
+
+LONG = "the quick brown fox jumps over the lazy dog " * 12
+
+
+def _router_runs() -> str | None:
+    if importlib.util.find_spec("sglang_router") is None:
+        return "sglang-router is not installed (pip install 'actorserve[fleet]')"
+    r = subprocess.run([sys.executable, "-m", "sglang_router.launch_router", "--help"],
+                       capture_output=True, timeout=120)
+    return None if r.returncode == 0 else f"the sglang-router binary does not run here: {r.stderr[-300:]!r}"
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    why = _router_runs()
+    if why:
+        pytest.skip(why)
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("fleet") / "fleet.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "actorserve.cli", "fleet", "--replicas", "2",
+                             "--port", str(port), "--model", "tiny", "--threads", "1"],
+                            stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+                            env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    pids: set[int] = set()
+    sel = selectors.DefaultSelector()
+    try:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        end, line = time.monotonic() + 180, b""
+        while b"actorserve fleet of" not in line:
+            assert proc.poll() is None, f"fleet exited with {proc.returncode}; see {log.name}"
+            assert time.monotonic() < end, "fleet not up in 180s"
+            if sel.select(timeout=1):
+                line = proc.stdout.readline()
+        url = line.decode().split(" at ")[1].split()[0]
+        assert url == f"http://127.0.0.1:{port}"
+        yield {"url": url, "proc": proc, "pids": pids}
+    finally:
+        _kill_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in pids:                      # replicas run in their own process groups
+            _kill_group(pid, signal.SIGKILL)
+        sel.close()
+        proc.stdout.close()
+        log.close()
+
+
+async def _status(http, url) -> dict:
+    async with http.get(url + "/fleet") as r:
+        return await r.json()
+
+
+async def _note_pids(http, fleet) -> dict:
+    st = await _status(http, fleet["url"])
+    fleet["pids"].update(r["pid"] for r in st["replicas"] if r["pid"])
+    return st
+
+
+async def _one(http, url, kind: str, i: int) -> tuple[str, int, str]:
+    """One request of `kind`; (kind, status, "ok" | what was wrong)."""
+    if kind == "chat":
+        body = {"model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": f"hi {i}"}]}
+        async with http.post(url + "/v1/chat/completions", json=body) as r:
+            doc = await r.json(content_type=None)
+            ok = r.status == 200 and doc["choices"][0]["finish_reason"] in ("length", "stop")
+    elif kind == "stream":
+        body = {"model": "tiny-llama", "max_tokens": 4, "stream": True,
+                "messages": [{"role": "user", "content": f"stream {i}"}]}
+        async with http.post(url + "/v1/chat/completions", json=body) as r:
+            text = (await r.read()).decode()
+            ok = r.status == 200 and "data: [DONE]" in text
+            if r.status == 200 and not ok:
+                return kind, r.status, "stream cut before [DONE]"
+    elif kind == "generate":
+        async with http.post(url + "/generate", json={"text": f"gen {i}", "sampling_params": {"max_new_tokens": 4}}) as r:
+            doc = await r.json(content_type=None)
+            ok = r.status == 200 and doc["meta_info"]["completion_tokens"] == 4
+    elif kind == "embed":
+        async with http.post(url + "/v1/embeddings", json={"model": "default-embedding", "input": [f"e {i}", "x"]}) as r:
+            doc = await r.json(content_type=None)
+            ok = r.status == 200 and len(doc["data"]) == 2 and len(doc["data"][0]["embedding"]) == 384
+    elif kind == "rerank":
+        async with http.post(url + "/v1/rerank", json={"query": f"q {i}", "documents": ["a", "b", "c"]}) as r:
+            doc = await r.json(content_type=None)
+            ok = r.status == 200 and sorted(x["index"] for x in doc["results"]) == [0, 1, 2]
+    else:
+        async with http.post(url + "/v1/score", json={"query": f"s {i}", "items": ["a", "b"],
+                                                      "label_token_ids": [1, 2]}) as r:
+            doc = await r.json(content_type=None)
+            ok = r.status == 200 and len(doc["scores"]) == 2
+    return kind, r.status, "ok" if ok else json.dumps(doc)[:300]
+
+
+KINDS = ("chat", "stream", "generate", "embed", "rerank", "score")
+
+
+async def _mixed(http, url, n: int, concurrency: int = 6) -> list[tuple[str, int, str]]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def run(i: int) -> tuple[str, int, str]:
+        async with sem:
+            try:
+                return await _one(http, url, KINDS[i % len(KINDS)], i)
+            except (aiohttp.ClientError, ValueError) as exc:
+                return KINDS[i % len(KINDS)], 0, f"{exc.__class__.__name__}: {exc}"
+    return list(await asyncio.gather(*(run(i) for i in range(n))))
+
+
+def _client(total: float = 60) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=total))
+
+
+async def test_mixed_traffic_and_router_probes(fleet):
+    url = fleet["url"]
+    async with _client() as http:
+        st = await _note_pids(http, fleet)
+        assert [r["state"] for r in st["replicas"]] == ["ready", "ready"]
+        results = await _mixed(http, url, 36)
+        assert [r for r in results if r[2] != "ok"] == []
+        async with http.get(st["router"] + "/get_loads") as r:     # the router's view of /get_load
+            loads = (await r.json())["workers"]
+        assert len(loads) == 2 and all(w["load"] >= 0 for w in loads), loads
+        async with http.post(url + "/flush_cache") as r:
+            flush = await r.json()
+        assert r.status == 200 and [a["status"] for a in flush["replicas"]] == [200, 200]
+        async with http.post(st["router"] + "/flush_cache") as r:    # the router's own fan-out
+            assert r.status == 200 and (await r.json())["workers_flushed"] == 2
+
+
+async def test_session_turns_stay_on_one_replica(fleet):
+    url = fleet["url"]
+    async with _client() as http:
+        async with http.post(url + "/open_session", json={"capacity_of_str_len": 4096}) as r:
+            sid = await r.json()
+        assert r.status == 200 and isinstance(sid, str)
+        owner = (await _status(http, url))["sessions"][sid]
+        cached, rid = [], None
+        for turn in range(3):
+            params = {"id": sid, **({"rid": rid} if rid else {})}
+            body = {"text": LONG if turn == 0 else f" and then {turn}", "session_params": params,
+                    "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+            async with http.post(url + "/generate", json=body) as r:
+                doc = await r.json()
+            assert r.status == 200, doc
+            rid = doc["meta_info"]["id"]
+            cached.append(doc["meta_info"]["cached_tokens"])
+        assert cached[0] == 0 and 0 < cached[1] < cached[2], cached
+        assert (await _status(http, url))["sessions"][sid] == owner
+        async with http.post(url + "/close_session", json={"session_id": sid}) as r:
+            assert r.status == 200
+
+
+async def test_abort_by_rid_reaches_the_replica_that_holds_it(fleet):
+    url, rid = fleet["url"], f"fleet-abort-{uuid.uuid4().hex}"
+    async with _client() as http:
+        body = {"text": "count", "rid": rid, "stream": True,
+                "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+        async with http.post(url + "/generate", json=body) as stream:
+            assert stream.status == 200
+            first = await stream.content.readline()
+            assert first.startswith(b"data:")
+            async with http.post(url + "/abort_request", json={"rid": rid}) as r:
+                answer = await r.json()
+            assert r.status == 200 and answer["aborted"] == 1 and len(answer["aborted_on"]) == 1, answer
+            events = [json.loads(x[5:]) for x in (await stream.read()).decode().split("\n")
+                      if x.startswith("data:") and x.strip() != "data: [DONE]"]
+        assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+        assert events[-1]["meta_info"]["completion_tokens"] < 2000
+
+
+async def _until(pred, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not await pred():
+        assert time.monotonic() - t0 < timeout, f"{what} not within {timeout}s"
+        await asyncio.sleep(0.05)
+    return time.monotonic() - t0
+
+
+async def test_killed_replica_requests_end_traffic_continues_fleet_restarts_it(fleet):
+    url = fleet["url"]
+    async with _client() as http:
+        st = await _note_pids(http, fleet)
+        victim = st["replicas"][0]
+        burst = asyncio.ensure_future(_mixed(http, url, 36))
+        await asyncio.sleep(0.3)                  # let the burst get going (not a proof of anything)
+        t_kill = time.monotonic()
+        _kill_group(victim["pid"], signal.SIGKILL)
+
+        async def router_dropped() -> bool:
+            async with http.get(st["router"] + "/workers") as r:
+                ws = {w["url"]: w["is_healthy"] for w in (await r.json())["workers"]}
+            return ws.get(victim["url"]) is False
+        dropped_s = await _until(router_dropped, 30, "the router marking the killed replica unhealthy")
+        results = await asyncio.wait_for(burst, 120)        # every request ends: no hang
+        failed = [r for r in results if r[2] != "ok"]
+        assert all(r[1] != 0 or "Error" in r[2] for r in failed)
+        assert len(failed) <= 12, failed                    # only those caught on the victim
+        after = await _mixed(http, url, 12)
+        assert [r for r in after if r[2] != "ok"] == []     # traffic after the kill succeeds
+
+        async def back() -> bool:
+            rep = (await _status(http, url))["replicas"][0]
+            return rep["state"] == "ready" and rep["restarts"] == 1
+        await _until(back, 120, "the fleet restarting the killed replica")
+        back_s = time.monotonic() - t_kill
+        await _note_pids(http, fleet)
+
+        async def rejoined() -> bool:
+            async with http.get(st["router"] + "/workers") as r:
+                return all(w["is_healthy"] for w in (await r.json())["workers"])
+        await _until(rejoined, 30, "the router taking the restarted replica back")
+        rejoin_s = time.monotonic() - t_kill
+        print(f"\nfleet kill: router dropped the replica after {dropped_s:.2f}s; "
+              f"replica ready again {back_s:.1f}s after the kill (restarts=1); "
+              f"router healthy on it {rejoin_s:.1f}s after; {len(failed)}/36 requests of the burst "
+              f"failed: {sorted(set((k, s) for k, s, _ in failed))}")
+        assert [r for r in await _mixed(http, url, 12) if r[2] != "ok"] == []
+
+
+def test_sigterm_drains_and_stops_every_process(fleet):
+    proc = fleet["proc"]
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    for pid in fleet["pids"]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
