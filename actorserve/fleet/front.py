@@ -100,15 +100,21 @@ class Front:
                 resp = web.StreamResponse(status=up.status, headers={
                     k: v for k, v in up.headers.items() if k.lower() not in _HOP})
                 await resp.prepare(request)
+                sse = up.headers.get("content-type", "").startswith("text/event-stream")
+                tail, why = b"", None
                 try:
                     async for chunk in up.content.iter_any():
                         await resp.write(chunk)
+                        tail = (tail + chunk)[-64:]
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    # upstream died mid-answer: a stream ends with an error event, not silence
-                    if up.headers.get("content-type", "").startswith("text/event-stream"):
-                        err = {"error": {"message": f"replica lost mid-stream: {exc.__class__.__name__}",
-                                         "type": "server_error", "code": "upstream_lost", "param": None}}
-                        await resp.write(f"data: {json.dumps(err)}\n\n".encode())
+                    why = exc.__class__.__name__
+                if why is None and request.path in SESSION_ROUTES and b"data: [DONE]" not in tail:
+                    why = "the stream ended before [DONE]"     # these streams always end with it
+                # a stream cut upstream (a replica died) ends with an error event, not silence
+                if sse and up.status == 200 and why is not None:
+                    err = {"error": {"message": f"replica lost mid-stream: {why}", "type": "server_error",
+                                     "code": "upstream_lost", "param": None}}
+                    await resp.write(f"data: {json.dumps(err)}\n\n".encode())
                 await resp.write_eof()
                 return resp
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
