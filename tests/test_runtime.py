@@ -224,6 +224,31 @@ async def test_abort_by_rid_prefix_and_all_and_empty_rid_matches_nothing():
     await rt.shutdown()
 
 
+async def test_abort_all_over_ten_thousand_queued_requests_ends_each_aborted_exactly_once():
+    """The waiting lanes remove in O(1) (`engine.lane`); abort-all over 10,000 queued requests
+    (and a few running ones) ends each of them aborted, once, and leaves nothing held."""
+    rt, engine, rec, _ = await make_runtime()
+    running = [rt.generate([1, i], SamplingParams(max_new_tokens=50, ignore_eos=True)) for i in range(3)]
+    await asyncio.sleep(0)
+    assert (await rt.control(PauseGeneration("in_place"))).ok
+    queued = [rt.generate([2, i % 97], SamplingParams(max_new_tokens=5)) for i in range(10_000)]
+    await rt.quiesce()
+    assert (rt.stats().waiting, rt.stats().running) == (10_000, 3)
+    res = await rt.control(AbortRequest(abort_all=True))
+    assert res.ok and res.detail["aborted"] == 10_003
+    assert rt.stats().waiting == 0 and len(rt.scheduler.lane) == 0
+    for h in running + queued:
+        assert (await h.stream.final()).finish_reason == "abort"
+    await rt.control(ContinueGeneration())
+    await rt.quiesce()
+    report = check(rec.events())
+    assert report.ok, report.violations[:3]
+    ends = [(e.rid, e.dst) for e in rec.events() if e.kind == "generation" and e.dst in ("aborted", "done", "failed")]
+    assert sorted(ends) == sorted((h.rid, "aborted") for h in running + queued)
+    assert_nothing_held(rt)
+    await rt.shutdown()
+
+
 async def turns_until(pred, turns: int = 1000) -> None:
     """Let the event loop run callbacks (actor turns) until `pred` holds; bounded in turns, not
     in time (a step blocked in its thread keeps `quiesce` from returning)."""

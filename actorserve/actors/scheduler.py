@@ -25,12 +25,12 @@ Pause, continue, flush and idle waits are in `scheduler_control.py` (the `Schedu
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from typing import Any
 
 from ..engine.base import Engine
 from ..engine.batching import BatchConfig, BatchPolicy
 from ..engine.block_manager import BlockManager
+from ..engine.lane import Lane
 from ..messages import (
     Abort, Aborted, BatchWindowClosed, ControlResult, Failed, Forget, OutputsDone, PoolOut,
     PrefillProgress, Progress, ProgressQuery, Release, Retracted, Scheduled, StepDone, StepOutputs,
@@ -74,8 +74,8 @@ class SchedulerActor(SchedulerControl):
         self.bm = block_manager or BlockManager(info.num_blocks, info.block_size)
         self.policy = BatchPolicy(batch)
         self.step_in_thread = step_in_thread
-        self.probe_lane: deque[Any] = deque()
-        self.lane: deque[Any] = deque()
+        self.probe_lane = Lane()             # waiting probes (served first), then the rest:
+        self.lane = Lane()                   # FIFO, O(1) removal (an abort from the middle)
         self.running: list[Any] = []
         self.seqs: dict[str, Any] = {}
         self.actors: dict[str, Actor] = {}
@@ -137,12 +137,8 @@ class SchedulerActor(SchedulerControl):
             return None
         if seq in self.running:
             self.running.remove(seq)
-        else:
-            for lane in (self.lane, self.probe_lane):
-                try:
-                    lane.remove(seq)
-                except ValueError:
-                    pass
+        elif not self.lane.discard(seq):
+            self.probe_lane.discard(seq)
         if rid in self.inflight:
             self._free_after_step.append(seq)
         else:
@@ -280,7 +276,7 @@ class SchedulerActor(SchedulerControl):
             return
         for lane in (self.probe_lane, self.lane):
             if lane:
-                seq = lane[0]
+                seq = lane.peek()
                 self._end(seq, self._drop(seq.rid),
                           Failed(seq.rid, "the request needs more KV blocks than the cache has"))
                 return

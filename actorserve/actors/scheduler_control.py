@@ -23,7 +23,6 @@ manager, the step in flight) belongs to `SchedulerActor`.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from typing import Any
 
 from ..messages import (
@@ -39,7 +38,7 @@ class SchedulerControl(Actor):
     # owned by SchedulerActor
     state: SchedulerState
     running: list[Any]
-    lane: deque[Any]
+    lane: Any               # a `Lane`
     seqs: dict[str, Any]
     bm: Any
     _pending_pause: tuple[str, asyncio.Future[ControlResult]] | None

@@ -18,10 +18,10 @@ returns the decision.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
+from .lane import Lane
 from .sequence import Sequence
 
 
@@ -48,7 +48,7 @@ class BatchPolicy:
         self.config = config or BatchConfig()
         self.preemptions = 0          # sequences retracted for want of KV blocks (a counter)
 
-    def plan(self, running: list[Sequence], lanes: list[deque[Sequence]], bm: BlockManager) -> Plan:
+    def plan(self, running: list[Sequence], lanes: list[Lane], bm: BlockManager) -> Plan:
         """Choose the next step. `running` is oldest-first and may shrink (retraction);
         admitted sequences are popped from the front of `lanes` (highest priority first)."""
         cfg = self.config
@@ -77,7 +77,7 @@ class BatchPolicy:
             return out  # memory is short: admit nothing new this step
         for lane in lanes:
             while lane and budget > 0 and len(out.batch) < cfg.max_num_seqs:
-                seq = lane[0]
+                seq = lane.peek()
                 cached = bm.match_prefix(seq)
                 n = min(seq.num_uncomputed, budget, cfg.max_prefill_chunk)
                 if not bm.allocate(seq, n):
