@@ -157,3 +157,39 @@ def test_a_held_cached_block_is_never_evicted():
     bm.free(holder)
     assert _cached(bm, 1) and not _cached(bm, 2)
     bm.check()
+
+
+def test_token_slice_equals_the_whole_list_sliced():
+    # Every range over a prompt/output boundary, ranges past the end and empty ones.
+    for n_prompt in (0, 1, 3):
+        for n_out in (0, 1, 4):
+            seq = Sequence("s", list(range(10, 10 + n_prompt)))
+            seq.output_ids.extend(range(50, 50 + n_out))
+            whole = seq.token_ids()
+            for start in range(seq.num_tokens + 3):
+                for end in range(seq.num_tokens + 3):
+                    assert seq.token_slice(start, end) == whole[start:end], (n_prompt, n_out, start, end)
+
+
+def test_match_and_commit_never_build_the_whole_token_list(monkeypatch):
+    def whole(self):
+        raise AssertionError("token_ids() called")
+    bm = BlockManager(8, 2)
+    a = Sequence("a", [1, 2, 3, 4, 5])
+    a.output_ids.extend([6, 7, 8])                            # blocks across prompt and output
+    monkeypatch.setattr(Sequence, "token_ids", whole)
+    assert bm.match_prefix(a) == 0 and bm.allocate(a, a.num_tokens)
+    a.num_computed = a.num_tokens
+    bm.commit(a)
+    assert len(a.block_hashes) == 4
+    bm.free(a)
+    b = Sequence("b", [1, 2, 3, 4, 5])
+    b.output_ids.extend([6, 7, 0])
+    assert bm.match_prefix(b) == 6                            # two prompt blocks and the mixed one
+    monkeypatch.undo()
+    parent = b""
+    for i, h in enumerate(b.block_hashes):
+        parent = chain_hash(parent, b.token_ids()[2 * i:2 * i + 2])
+        assert h == parent
+    bm.free(b)
+    bm.check()

@@ -86,19 +86,19 @@ class BlockManager:
         need (`Sequence.prompt_logprob_from`). Call only on a sequence that holds no blocks.
         """
         assert not seq.block_table, "match_prefix on a sequence that already holds blocks"
-        tokens = seq.token_ids()
-        self._query_tokens += len(tokens)
-        self._queries_total += len(tokens)
+        n_tokens = seq.num_tokens
+        self._query_tokens += n_tokens
+        self._queries_total += n_tokens
         if not self.enable_prefix_cache:
             return 0
         bs = self.block_size
         parent = b""
         matched = 0
-        limit = len(tokens) - 1
+        limit = n_tokens - 1
         if seq.prompt_logprob_from is not None:
             limit = min(limit, seq.prompt_logprob_from)
         for start in range(0, limit - limit % bs, bs):
-            h = chain_hash(parent, tokens[start:start + bs])
+            h = chain_hash(parent, seq.token_slice(start, start + bs))
             block = self._block_of.get(h)
             if block is None:
                 break
@@ -120,10 +120,9 @@ class BlockManager:
         full = seq.num_computed // bs
         if full <= len(seq.block_hashes):
             return
-        tokens = seq.token_ids()
         parent = seq.block_hashes[-1] if seq.block_hashes else b""
         for i in range(len(seq.block_hashes), full):
-            h = chain_hash(parent, tokens[i * bs:(i + 1) * bs])
+            h = chain_hash(parent, seq.token_slice(i * bs, (i + 1) * bs))
             block = seq.block_table[i]
             if h not in self._block_of and block not in self._hash_of:
                 self._block_of[h] = block

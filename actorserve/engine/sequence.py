@@ -77,6 +77,16 @@ class Sequence:
     def token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """``token_ids()[start:end]`` (``0 <= start``, ``0 <= end``) without building the whole
+        list: only the range is copied, from the prompt, the output, or both."""
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p:end - p]
+        return self.prompt_ids[start:] + self.output_ids[:end - p]
+
     def __repr__(self) -> str:
         return (f"Sequence({self.rid!r}, {self.kind}, prompt={len(self.prompt_ids)}, "
                 f"out={len(self.output_ids)}, computed={self.num_computed}, blocks={len(self.block_table)})")
