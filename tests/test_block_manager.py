@@ -7,7 +7,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
+from actorserve.engine import block_manager
+from actorserve.engine.batching import BatchPolicy
 from actorserve.engine.block_manager import BlockManager, chain_hash
+from actorserve.engine.lane import Lane
 from actorserve.engine.sequence import Sequence
 
 BS = 4
@@ -22,6 +25,7 @@ class BlockManagerModel(RuleBasedStateMachine):
         self.bm = BlockManager(NUM, BS)
         self.live: dict[str, Sequence] = {}
         self.n = 0
+        self.queried = 0              # tokens of the admissions that succeeded
 
     @rule(target=seqs, prefix=st.sampled_from([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], []]),
           tail=st.lists(st.integers(1, 5), min_size=1, max_size=9))
@@ -35,8 +39,9 @@ class BlockManagerModel(RuleBasedStateMachine):
             seq.num_computed += need
             self.bm.commit(seq)
             self.live[seq.rid] = seq
+            self.queried += seq.num_tokens
         else:
-            self.bm.free(seq)
+            self.bm.abort_match(seq)
             assert not seq.block_table
         return seq.rid
 
@@ -72,6 +77,8 @@ class BlockManagerModel(RuleBasedStateMachine):
         st_ = self.bm.stats()
         assert st_.used_blocks == len(held)
         assert st_.free_blocks + st_.cached_free_blocks + st_.used_blocks == NUM
+        assert st_.prefix_queries_total == self.queried
+        assert 0 <= st_.prefix_hit_tokens <= st_.prefix_query_tokens <= self.queried
         for s in self.live.values():
             assert len(s.block_table) * BS >= s.num_computed
             # a shared block holds the same tokens for everyone who holds it
@@ -193,3 +200,101 @@ def test_match_and_commit_never_build_the_whole_token_list(monkeypatch):
         assert h == parent
     bm.free(b)
     bm.check()
+
+
+
+def _counting_hash(monkeypatch) -> list[list[int]]:
+    calls: list[list[int]] = []
+    real = block_manager.chain_hash
+
+    def counted(parent, tokens):
+        calls.append(list(tokens))
+        return real(parent, tokens)
+    monkeypatch.setattr(block_manager, "chain_hash", counted)
+    return calls
+
+
+def _waits_for_memory(calls: list[list[int]], flush_at: int | None = None):
+    """A request whose prompt starts with a cached 2-block prefix waits 5 steps behind a running
+    one that holds every free block, then is admitted once that one ends."""
+    bm = BlockManager(6, 4)
+    prefix = list(range(1, 9))
+    warm = Sequence("warm", prefix + [0])
+    bm.match_prefix(warm)
+    assert bm.allocate(warm, warm.num_tokens)
+    warm.num_computed = warm.num_tokens
+    bm.commit(warm)
+    bm.free(warm)                                             # 2 cached blocks, 4 free
+    hog = Sequence("hog", [99] * 16)
+    assert bm.match_prefix(hog) == 0 and bm.allocate(hog, 16)
+    hog.num_computed = 16                                     # running, nothing left to compute
+    policy, lane, running = BatchPolicy(), Lane(), [hog]
+    w = Sequence("w", prefix + list(range(20, 29)))           # 17 tokens: 4 full prompt blocks
+    lane.append(w)
+    calls.clear()
+    for step in range(5):
+        if step == flush_at:
+            bm.flush()
+        plan = policy.plan(running, [lane], bm)
+        bm.check()
+        assert not plan.admitted and lane.peek() is w and not w.block_table
+        assert bm.stats().prefix_queries_total == 9 + 16       # the failed tries are not counted
+    bm.free(hog)
+    running.remove(hog)
+    plan = policy.plan(running, [lane], bm)
+    assert plan.admitted == [(w, 0 if flush_at is not None else 8)] and running == [w]
+    w.num_computed = w.num_tokens                             # its prefill ran
+    bm.commit(w)
+    bm.check()
+    return bm, w
+
+
+def test_a_request_waiting_for_memory_is_counted_and_hashed_once(monkeypatch):
+    calls = _counting_hash(monkeypatch)
+    bm, w = _waits_for_memory(calls)
+    # Six matches (five failed tries, one admission) and the commit: each prompt block hashed once.
+    assert calls == [w.prompt_ids[i * 4:(i + 1) * 4] for i in range(4)]
+    st_ = bm.stats()
+    assert (st_.prefix_queries_total, st_.prefix_hits_total) == (9 + 16 + 17, 8)
+    assert (st_.prefix_query_tokens, st_.prefix_hit_tokens) == (9 + 16 + 17, 8)
+    assert st_.hit_rate == 8 / 42
+
+
+def test_a_flush_while_waiting_leaves_no_stale_hit(monkeypatch):
+    calls = _counting_hash(monkeypatch)
+    bm, w = _waits_for_memory(calls, flush_at=2)              # the cached prefix goes mid-wait
+    assert calls == [w.prompt_ids[i * 4:(i + 1) * 4] for i in range(4)]
+    st_ = bm.stats()
+    assert (st_.prefix_queries_total, st_.prefix_hits_total) == (9 + 16 + 17, 0)
+    assert (st_.prefix_query_tokens, st_.prefix_hit_tokens) == (17, 0)  # the window since the flush
+
+
+def test_kept_prompt_hashes_follow_the_prompt_and_the_block_size():
+    bm = BlockManager(8, 2)
+    a = Sequence("a", [1, 2, 3, 4, 5])
+    bm.match_prefix(a)
+    assert bm.allocate(a, 5)
+    a.num_computed = 5
+    bm.commit(a)
+    bm.free(a)                                                # [1, 2], [3, 4] cached
+    s = Sequence("s", [1, 2, 3, 4, 0])
+    assert bm.match_prefix(s) == 4
+    bm.abort_match(s)
+    s.prompt_ids = [1, 2, 7, 7, 0]                            # a new prompt list: hashes redone
+    assert bm.match_prefix(s) == 2
+    bm.abort_match(s)
+    s.prompt_ids.append(9)                                    # the same list, grown
+    s.prompt_ids[2:4] = [3, 4]
+    assert bm.match_prefix(s) == 4
+    bm.abort_match(s)
+    other = BlockManager(8, 4)                                # another block size
+    b = Sequence("b", [1, 2, 3, 4, 5])
+    other.match_prefix(b)
+    assert other.allocate(b, 5)
+    b.num_computed = 5
+    other.commit(b)
+    other.free(b)
+    assert other.match_prefix(s) == 4 and bm.stats().prefix_queries_total == 5
+    other.free(s)
+    bm.check()
+    other.check()

@@ -81,7 +81,7 @@ class BatchPolicy:
                 cached = bm.match_prefix(seq)
                 n = min(seq.num_uncomputed, budget, cfg.max_prefill_chunk)
                 if not bm.allocate(seq, n):
-                    bm.free(seq)
+                    bm.abort_match(seq)     # stays queued; its query is counted on admission
                     return out
                 lane.popleft()
                 running.append(seq)

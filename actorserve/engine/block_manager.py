@@ -84,6 +84,7 @@ class BlockManager:
         At least one token is always left to compute, so the step that follows produces logits;
         a sequence that still owes prompt logprobs reuses nothing from the first position they
         need (`Sequence.prompt_logprob_from`). Call only on a sequence that holds no blocks.
+        The query is counted here; an admission that then fails undoes it (`abort_match`).
         """
         assert not seq.block_table, "match_prefix on a sequence that already holds blocks"
         n_tokens = seq.num_tokens
@@ -97,8 +98,8 @@ class BlockManager:
         limit = n_tokens - 1
         if seq.prompt_logprob_from is not None:
             limit = min(limit, seq.prompt_logprob_from)
-        for start in range(0, limit - limit % bs, bs):
-            h = chain_hash(parent, seq.token_slice(start, start + bs))
+        for i in range(limit // bs):
+            h = self._block_hash(seq, i, parent)
             block = self._block_of.get(h)
             if block is None:
                 break
@@ -112,23 +113,55 @@ class BlockManager:
         self._hits_total += matched
         return matched
 
+    def abort_match(self, seq: Sequence) -> None:
+        """Undo the `match_prefix` of an admission that failed (its blocks could not be
+        allocated; the sequence stays queued): release its blocks and take its query back out of
+        the counters, so a sequence that waits for memory is counted once, when it is admitted.
+        Call it right after that `match_prefix` (the same step: no flush in between)."""
+        hits = seq.num_cached
+        self.free(seq)
+        self._queries_total -= seq.num_tokens
+        self._hits_total -= hits
+        self._query_tokens = max(0, self._query_tokens - seq.num_tokens)
+        self._hit_tokens = max(0, self._hit_tokens - hits)
+
     def commit(self, seq: Sequence) -> None:
         """Register the sequence's newly full, computed blocks in the prefix cache."""
         if not self.enable_prefix_cache:
             return
-        bs = self.block_size
-        full = seq.num_computed // bs
+        full = seq.num_computed // self.block_size
         if full <= len(seq.block_hashes):
             return
         parent = seq.block_hashes[-1] if seq.block_hashes else b""
         for i in range(len(seq.block_hashes), full):
-            h = chain_hash(parent, seq.token_slice(i * bs, (i + 1) * bs))
+            h = self._block_hash(seq, i, parent)
             block = seq.block_table[i]
             if h not in self._block_of and block not in self._hash_of:
                 self._block_of[h] = block
                 self._hash_of[block] = h
             seq.block_hashes.append(h)
             parent = h
+
+    def _block_hash(self, seq: Sequence, i: int, parent: bytes) -> bytes:
+        """The chain hash of full block ``i`` of `seq` (``parent``: block ``i - 1``'s).
+
+        A prompt block's is computed once per sequence and kept on it (`Sequence.prompt_hashes`,
+        filled in order; recomputed only if the prompt list or the block size is not the one they
+        were made for). A block reaching into the output is hashed from its tokens each time:
+        the output grows, and such a block is hashed again only after a retraction."""
+        bs = self.block_size
+        prompt = seq.prompt_ids
+        if (i + 1) * bs > len(prompt):
+            return chain_hash(parent, seq.token_slice(i * bs, (i + 1) * bs))
+        key = seq.prompt_hash_key
+        if key is None or key[0] != bs or key[1] is not prompt or key[2] != len(prompt):
+            seq.prompt_hashes = []
+            seq.prompt_hash_key = (bs, prompt, len(prompt))
+        cache = seq.prompt_hashes
+        while len(cache) <= i:
+            j = len(cache)
+            cache.append(chain_hash(cache[-1] if cache else b"", prompt[j * bs:(j + 1) * bs]))
+        return cache[i]
 
     def flush(self) -> int:
         """Forget every cached prefix that no sequence holds; return how many blocks it freed."""

@@ -18,7 +18,7 @@ class Sequence:
     __slots__ = (
         "rid", "kind", "prompt_ids", "output_ids", "num_computed", "num_cached",
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
-        "grammar", "prompt_lp",
+        "grammar", "prompt_lp", "prompt_hashes", "prompt_hash_key",
     )
 
     def __init__(
@@ -39,6 +39,11 @@ class Sequence:
         self.num_cached = 0            # of those, how many came from the prefix cache
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # chain hashes of the full blocks registered so far
+        # Chain hashes of the prompt's full blocks, computed once and kept (by the BlockManager:
+        # a sequence waiting for memory retries its match every step, a retracted one is matched
+        # again), with what they were computed for: (block size, the prompt list, its length).
+        self.prompt_hashes: list[bytes] = []
+        self.prompt_hash_key: tuple[int, list[int], int] | None = None
         self.sampling = sampling if sampling is not None else SamplingParams()
         self.pooling = pooling
         self.is_probe = is_probe
