@@ -1,6 +1,7 @@
 """`actorserve fleet`: two tiny replicas behind the real sglang-router binary (PyPI), as users
 run it: mixed traffic through the one URL, a session's turns on one replica, abort by rid
-reaching the replica that holds it, a replica killed mid-run (every request ends, traffic after
+reaching the replica that holds it, chained stored responses reaching the replica that stores
+them under round-robin, a replica killed mid-run (every request ends, traffic after
 succeeds, the fleet restarts it), and SIGTERM draining everything. One fleet for the module."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from actorserve.cli import build_parser
 from actorserve.fleet.fleet_cli import replica_argv
 from actorserve.fleet.supervisor import Backoff, free_port
+from actorserve.http.responses_items import replica_of, response_id
 
 LONG = "the quick brown fox jumps over the lazy dog " * 12
 
@@ -49,7 +51,8 @@ def fleet(tmp_path_factory):
     port = free_port()
     log = open(tmp_path_factory.mktemp("fleet") / "fleet.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "actorserve.cli", "fleet", "--replicas", "2",
-                             "--port", str(port), "--model", "tiny", "--threads", "1"],
+                             "--port", str(port), "--model", "tiny", "--threads", "1",
+                             "--policy", "round_robin"],
                             stdout=subprocess.PIPE, stderr=log, start_new_session=True,
                             env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
     pids: set[int] = set()
@@ -186,6 +189,59 @@ async def test_session_turns_stay_on_one_replica(fleet):
         assert (await _status(http, url))["sessions"][sid] == owner
         async with http.post(url + "/close_session", json={"session_id": sid}) as r:
             assert r.status == 200
+
+
+async def test_chained_responses_reach_the_replica_that_stores_them(fleet):
+    """Round-robin alternates the replicas, and stored responses live on one: each turn naming
+    its parent goes to the replica the parent's id names, as do GET, input_items and DELETE."""
+    url = fleet["url"]
+    async with _client() as http:
+        st = await _status(http, url)
+        assert st["policy"] == "round_robin"
+        urls = {r["name"]: r["url"] for r in st["replicas"]}
+        assert sorted(urls) == ["r0", "r1"]
+        body = {"model": "tiny-llama", "max_output_tokens": 3, "temperature": 0}
+        async with http.post(url + "/v1/responses", json={**body, "input": "hello"}) as r:
+            doc = await r.json()
+        assert r.status == 200, doc
+        chain, owner = [doc["id"]], replica_of(doc["id"])
+        assert owner in urls
+        for turn in range(4):
+            stream = turn == 2                     # a streamed turn passes through as it is
+            async with http.post(url + "/v1/responses", json={
+                    **body, "input": f"and {turn}", "previous_response_id": chain[-1], "stream": stream}) as r:
+                raw = await r.read()
+            assert r.status == 200, raw[:300]
+            if stream:
+                events = [json.loads(x[5:]) for x in raw.decode().split("\n") if x.startswith("data:")]
+                assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]
+                doc = events[-1]["response"]
+            else:
+                doc = json.loads(raw)
+            assert doc["status"] in ("completed", "incomplete") and doc["previous_response_id"] == chain[-1]
+            chain.append(doc["id"])
+        assert {replica_of(rid) for rid in chain} == {owner}
+        for parent, rid in zip([None] + chain, chain):
+            async with http.get(f"{url}/v1/responses/{rid}") as r:
+                got = await r.json()
+            assert r.status == 200 and got["id"] == rid and got["previous_response_id"] == parent, got
+        async with http.get(f"{url}/v1/responses/{chain[-1]}/input_items") as r:
+            items = await r.json()
+        assert r.status == 200 and items["data"][0]["content"][0]["text"] == "and 3", items
+        other = next(u for name, u in urls.items() if name != owner)
+        async with http.get(f"{other}/v1/responses/{chain[0]}") as r:
+            assert r.status == 404                 # the other replica never stored it
+        async with http.get(f"{url}/v1/responses/{response_id('r9')}") as r:
+            err = (await r.json())["error"]
+        assert r.status == 404 and err["code"] == "response_not_found", err
+        async with http.post(url + "/v1/responses", json={
+                **body, "input": "x", "previous_response_id": response_id("r9")}) as r:
+            err = (await r.json())["error"]
+        assert r.status == 404 and err["param"] == "previous_response_id", err
+        async with http.delete(f"{url}/v1/responses/{chain[-1]}") as r:
+            assert r.status == 200 and (await r.json())["deleted"] is True
+        async with http.get(f"{url}/v1/responses/{chain[-1]}") as r:
+            assert r.status == 404
 
 
 async def test_abort_by_rid_reaches_the_replica_that_holds_it(fleet):

@@ -37,6 +37,11 @@ def _serve_actions() -> list[argparse.Action]:
     return [a for a in scratch._actions if a.dest not in _FLEET_ONLY]
 
 
+def replica_name(args: argparse.Namespace, index: int) -> str:
+    base = getattr(args, "replica_id", None)
+    return f"{base}-r{index}" if base else f"r{index}"
+
+
 def replica_argv(args: argparse.Namespace, index: int, port: int) -> list[str]:
     """The `actorserve serve` command line of replica `index`: every serve option the fleet was
     given that differs from serve's default."""
@@ -55,8 +60,7 @@ def replica_argv(args: argparse.Namespace, index: int, port: int) -> list[str]:
             path = Path(value)                 # a file: one per replica; a folder: <id>.jsonl in it
             value = str(path.with_name(f"{path.stem}.r{index}{path.suffix}"))
         argv += [flag, str(value)]
-    base = getattr(args, "replica_id", None)
-    return argv + ["--replica-id", f"{base}-r{index}" if base else f"r{index}"]
+    return argv + ["--replica-id", replica_name(args, index)]
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -66,7 +70,8 @@ async def _main(args: argparse.Namespace) -> int:
     from .supervisor import Fleet
 
     fleet = Fleet(lambda i, port: replica_argv(args, i, port), args.replicas, args.policy,
-                  router_port=args.router_port, log=sys.stderr.buffer)
+                  router_port=args.router_port, log=sys.stderr.buffer,
+                  name_of=lambda i: replica_name(args, i))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

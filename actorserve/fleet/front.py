@@ -11,6 +11,13 @@ docs/fleet.md) to the right replicas itself:
   chat's ``session_id``) go straight to that replica, so a session's turns reuse its KV. A
   replica that restarts has lost its sessions: they are forgotten, and a turn naming one is a
   404 like an unknown session;
+* stored responses: a replica's response ids name it (``resp_r1_<hex>``,
+  `http.responses_items.response_id`), so ``POST /v1/responses`` with ``previous_response_id``
+  and ``GET``/``DELETE /v1/responses/{id}`` (and ``.../input_items``) go straight to the replica
+  the id names, keeping no state here; an id naming no ready replica is a 404. A new response
+  (no ``previous_response_id``) goes to a ready replica round-robin: sglang-router 0.3.2
+  re-serialises a responses body with fields it refuses (``stream: null``, ``priority``,
+  ``top_k``, ...; see docs/fleet.md);
 * ``/v1/score``, ``/score``: to a live replica, round-robin (the router has no score route);
 * ``GET /fleet``: the replicas, their state, pids and restarts, the router's URL.
 
@@ -29,6 +36,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from ..http.responses_items import replica_of
 from .supervisor import Fleet, Replica
 
 READ_TIMEOUT_S = 300.0
@@ -38,9 +46,10 @@ FANOUT = ("/abort_request", "/pause_generation", "/continue_generation", "/flush
 SESSION_ROUTES = ("/generate", "/v1/chat/completions", "/v1/completions")
 
 
-def _error(status: int, message: str, code: str = "bad_gateway") -> web.Response:
+def _error(status: int, message: str, code: str = "bad_gateway",
+           param: str | None = None) -> web.Response:
     return web.json_response({"error": {"message": message, "type": "server_error" if status >= 500
-                                        else "invalid_request_error", "code": code, "param": None}},
+                                        else "invalid_request_error", "code": code, "param": param}},
                              status=status)
 
 
@@ -72,6 +81,10 @@ class Front:
         app.router.add_get("/is_paused", self.is_paused)
         app.router.add_post("/open_session", self.open_session)
         app.router.add_post("/close_session", self.close_session)
+        app.router.add_post("/v1/responses", self.create_response)
+        for path in ("/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"):
+            app.router.add_get(path, self.stored_response)
+        app.router.add_delete("/v1/responses/{response_id}", self.stored_response)
         app.router.add_post("/v1/score", self.score)
         app.router.add_post("/score", self.score)
         app.router.add_route("*", "/{tail:.*}", self.through)
@@ -132,9 +145,36 @@ class Front:
                 return await self._proxy(request, self.fleet.replicas[self.sessions[sid]].url, body)
         return await self._proxy(request, self.fleet.router_url, body)
 
+    # -- stored responses: to the replica the id names ----------------------------------------
+    def _owner(self, response_id: str) -> Replica | None:
+        name = replica_of(response_id)
+        return next((r for r in self.fleet.live() if r.name == name), None) if name else None
+
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        doc = _loads(body)
+        prev = doc.get("previous_response_id") if isinstance(doc, dict) else None
+        if not isinstance(prev, str):    # a new conversation: not through the router (see above)
+            return await self._round_robin(request, body)
+        owner = self._owner(prev)
+        if owner is None:
+            return _error(404, f"previous response {prev!r} names no ready replica of this fleet",
+                          code="previous_response_not_found", param="previous_response_id")
+        return await self._proxy(request, owner.url, body)
+
+    async def stored_response(self, request: web.Request) -> web.StreamResponse:
+        rid = request.match_info["response_id"]
+        owner = self._owner(rid)
+        if owner is None:
+            return _error(404, f"response {rid!r} not found: its id names no ready replica of this fleet",
+                          code="response_not_found", param="response_id")
+        return await self._proxy(request, owner.url, await request.read())
+
     async def score(self, request: web.Request) -> web.StreamResponse:
-        live, body = self.fleet.live(), await request.read()
-        start = next(self._rr)
+        return await self._round_robin(request, await request.read())
+
+    async def _round_robin(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        live, start = self.fleet.live(), next(self._rr)
         for k in range(len(live)):             # a replica that just died: the next one
             resp = await self._proxy(request, live[(start + k) % len(live)].url, body, unreachable_ok=True)
             if resp is not None:

@@ -70,13 +70,14 @@ class Replica:
     ready_at: float | None = None
     died_at: float | None = None
     backoff: Backoff = field(default_factory=Backoff)
+    name: str = ""                     # its --replica-id (r<i>), which its response ids carry
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def info(self) -> dict[str, object]:
-        return {"index": self.index, "url": self.url, "state": self.state.value,
+        return {"index": self.index, "name": self.name, "url": self.url, "state": self.state.value,
                 "pid": self.proc.pid if self.proc else None, "restarts": self.restarts,
                 "ready_at": self.ready_at, "died_at": self.died_at}
 
@@ -113,8 +114,9 @@ class Fleet:
 
     def __init__(self, serve_argv: Callable[[int, int], list[str]], replicas: int, policy: str,
                  router_port: int | None = None, log: IO[bytes] | None = None,
-                 ready_timeout_s: float = 180.0, grace_s: float = 30.0) -> None:
-        self.replicas = [Replica(i, p, serve_argv(i, p))
+                 ready_timeout_s: float = 180.0, grace_s: float = 30.0,
+                 name_of: Callable[[int], str] = lambda i: f"r{i}") -> None:
+        self.replicas = [Replica(i, p, serve_argv(i, p), name=name_of(i))
                          for i, p in enumerate(free_port() for _ in range(replicas))]
         self.policy = policy
         self.router_port = router_port or free_port()

@@ -29,6 +29,47 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+def response_id(replica: str | None = None) -> str:
+    """A new response id: ``resp_<hex>``, or with a replica id ``resp_<replica>_<hex>``, so a
+    fleet's front can send what names the response to the replica that stores it. The replica
+    is spelled URL-safe and without ``_``: letters, digits and ``-`` as they are, every other
+    byte of its UTF-8 as ``.xx`` (``box.1`` -> ``box.2e1``); `replica_of` reads it back."""
+    if not replica:
+        return new_id("resp")
+    name = "".join(chr(b) if b in _PLAIN else f".{b:02x}" for b in replica.encode())
+    return f"resp_{name}_{uuid.uuid4().hex}"
+
+
+def replica_of(rid: str) -> str | None:
+    """The replica id in a `response_id` (None: it names none, or is not one of ours)."""
+    head, _, rest = rid.partition("_")
+    name, sep, tail = rest.rpartition("_")
+    if head != "resp" or not sep or not name or not tail or not _is_hex(tail):
+        return None
+    raw, i = bytearray(), 0
+    while i < len(name):
+        b = ord(name[i])
+        if name[i] == "." and _is_hex(name[i + 1:i + 3]) and len(name[i + 1:i + 3]) == 2:
+            raw.append(int(name[i + 1:i + 3], 16))
+            i += 3
+        elif b < 128 and b in _PLAIN:
+            raw.append(b)
+            i += 1
+        else:
+            return None
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _is_hex(s: str) -> bool:
+    return bool(s) and all(c in "0123456789abcdef" for c in s)
+
+
 def _text_of(content: Any, at: str) -> str:
     if isinstance(content, str):
         return content

@@ -19,7 +19,10 @@ parent's tokens (new ``instructions``, a template that rewrites history, tool ca
 re-rendered), the response starts a session of its own from the whole rendered conversation
 (the prefix cache may still hit).
 
-``store: false`` responses are not kept; one may still continue a stored parent.
+``store: false`` responses are not kept; one may still continue a stored parent. On a server
+with a replica id (``--replica-id``; a fleet's ``r<i>``) a response's id names the replica
+(``resp_r1_<hex>``, `responses_items.response_id`), so a fleet's front sends a continuation,
+``GET`` and ``DELETE`` to the replica that stores it.
 Streaming sends the Responses event types (``response.created`` ... ``response.completed``),
 each with its ``sequence_number``; a client that leaves cancels the response.
 """
@@ -43,7 +46,7 @@ from .generation import (
 )
 from .openai_routes import chat_logprobs, resolve_model
 from .responses_items import (
-    call_item, chat_tool_choice, chat_tools, message_item, new_id, read_input, response_object,
+    call_item, chat_tool_choice, chat_tools, message_item, read_input, response_id, response_object,
     responses_param, to_messages, usage,
 )
 from .responses_schemas import InputItemsQuery, ResponsesRequest
@@ -170,7 +173,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                    body.logit_bias)
     if constraint is not None:
         await compile_constraint(ctx.runtime, *constraint)
-    rid, created = new_id("resp"), time.time()
+    # with a replica id (--replica-id, a fleet's r<i>) the id names this replica (`response_id`)
+    rid, created = response_id(ctx.config.recorder.replica_id), time.time()
     rt = ctx.runtime
     if body.store:
         skeleton = response_object(rid, body, model, status="in_progress", created=created)
