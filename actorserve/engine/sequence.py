@@ -19,6 +19,7 @@ class Sequence:
         "rid", "kind", "prompt_ids", "output_ids", "num_computed", "num_cached",
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
         "grammar", "prompt_lp", "prompt_hashes", "prompt_hash_key",
+        "penalty_state",
     )
 
     def __init__(
@@ -54,6 +55,9 @@ class Sequence:
         self.grammar: Any = None
         # Prompt logprobs computed so far, by position (`engine.prompt_logprobs`; the runner's).
         self.prompt_lp: dict[int, Any] | None = None
+        # The sampler's incremental view of the tokens the penalties read (`engine.sampling.
+        # PenaltyState`), made on the first penalised step; it follows appends to output_ids.
+        self.penalty_state: Any = None
 
     @property
     def num_tokens(self) -> int:
