@@ -1,4 +1,4 @@
-"""Incremental penalties (`sampling.PenaltyState`) against the dense computation they replace.
+"""Incremental penalties (`penalties.PenaltyState`) against the dense computation they replace.
 
 `dense_penalties` is the former `apply_penalties`, copied verbatim: it rebuilt the counts from
 the whole context of every sequence each step. The incremental one must agree with it bit for
@@ -16,7 +16,8 @@ import torch
 from actorserve.engine import sampling
 from actorserve.engine.block_manager import BlockManager
 from actorserve.engine.params import SamplingParams
-from actorserve.engine.sampling import PenaltyState, apply_penalties, processed_probs
+from actorserve.engine.penalties import PenaltyState
+from actorserve.engine.sampling import apply_penalties, processed_probs
 from actorserve.engine.sequence import Sequence
 
 

@@ -55,7 +55,7 @@ class Sequence:
         self.grammar: Any = None
         # Prompt logprobs computed so far, by position (`engine.prompt_logprobs`; the runner's).
         self.prompt_lp: dict[int, Any] | None = None
-        # The sampler's incremental view of the tokens the penalties read (`engine.sampling.
+        # The sampler's incremental view of the tokens the penalties read (`engine.penalties.
         # PenaltyState`), made on the first penalised step; it follows appends to output_ids.
         self.penalty_state: Any = None
 
