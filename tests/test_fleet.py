@@ -281,7 +281,7 @@ async def test_killed_replica_requests_end_traffic_continues_fleet_restarts_it(f
     async with _client() as http:
         st = await _note_pids(http, fleet)
         victim = st["replicas"][0]
-        burst = asyncio.ensure_future(_mixed(http, url, 36))
+        burst = asyncio.ensure_future(_mixed(http, url, 200))
         await asyncio.sleep(0.3)                  # let the burst get going (not a proof of anything)
         t_kill = time.monotonic()
         _kill_group(victim["pid"], signal.SIGKILL)
@@ -295,6 +295,7 @@ async def test_killed_replica_requests_end_traffic_continues_fleet_restarts_it(f
         failed = [r for r in results if r[2] != "ok"]
         assert [r for r in failed if r[2] == "silent cut"] == []      # a cut stream says so
         assert len(failed) <= 12, failed                    # only those caught on the victim
+        assert len(results) == 200 and len(failed) < len(results)
         after = await _mixed(http, url, 12)
         assert [r for r in after if r[2] != "ok"] == []     # traffic after the kill succeeds
 
@@ -312,15 +313,29 @@ async def test_killed_replica_requests_end_traffic_continues_fleet_restarts_it(f
         rejoin_s = time.monotonic() - t_kill
         print(f"\nfleet kill: router dropped the replica after {dropped_s:.2f}s; "
               f"replica ready again {back_s:.1f}s after the kill (restarts=1); "
-              f"router healthy on it {rejoin_s:.1f}s after; {len(failed)}/36 requests of the burst "
+              f"router healthy on it {rejoin_s:.1f}s after; {len(failed)}/200 requests of the burst "
               f"failed: {sorted(set((k, s) for k, s, _ in failed))}")
         assert [r for r in await _mixed(http, url, 12) if r[2] != "ok"] == []
 
 
-def test_sigterm_drains_and_stops_every_process(fleet):
+async def test_sigterm_drains_and_stops_every_process(fleet):
+    """A stream in flight when the fleet gets SIGTERM is answered to its end (the front and
+    then each replica drain before they stop); then every process is gone."""
     proc = fleet["proc"]
-    os.killpg(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
+    body = {"text": "drain me", "stream": True, "sampling_params": {"max_new_tokens": 48, "ignore_eos": True}}
+    async with _client() as http:
+        async with http.post(fleet["url"] + "/generate", json=body) as r:
+            assert r.status == 200
+            first = await r.content.readline()             # the request is in flight
+            assert first.startswith(b"data: ")
+            os.killpg(proc.pid, signal.SIGTERM)
+            rest = (await r.read()).decode()
+    events = [json.loads(line[6:]) for line in (first.decode() + rest).splitlines()
+              if line.startswith("data: {")]
+    assert rest.rstrip().endswith("data: [DONE]"), rest[-300:]
+    assert events[-1]["meta_info"]["completion_tokens"] == 48
+    assert events[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert await asyncio.to_thread(proc.wait, 60) == 0
     for pid in fleet["pids"]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
