@@ -175,18 +175,22 @@ class RequestGroup:
     async def collect(self, job: Job) -> RequestOutput:
         merged = RequestOutput(job.rid)
         merged.logprobs = None
+        pieces: list[str] = []          # joined once at the end: a long answer's text and
+        logprobs: list[Any] = []        # logprobs are not copied again at every token
         async for out in job.handle.stream:
             self._seen(job, out)
-            merged.text += out.text
+            pieces.append(out.text)
             merged.token_ids.extend(out.token_ids)
             if out.logprobs:
-                merged.logprobs = (merged.logprobs or []) + list(out.logprobs)
+                logprobs.extend(out.logprobs)
+                merged.logprobs = logprobs
             if out.prompt_logprobs is not None:
                 merged.prompt_logprobs = out.prompt_logprobs
             if out.finished:
                 for f in ("finished", "finish_reason", "error", "prompt_tokens", "completion_tokens",
                           "cached_tokens", "matched_stop", "aborted_in"):
                     setattr(merged, f, getattr(out, f))
+        merged.text = "".join(pieces)
         return merged
 
     async def collect_all(self) -> list[RequestOutput]:

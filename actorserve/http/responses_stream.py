@@ -34,13 +34,17 @@ class EventStream:
         self.want_logprobs = want_logprobs
         self.token_logprobs = token_logprobs      # RequestOutput.logprobs -> Responses logprob dicts
         self.seq = 0
-        self.text = ""
+        self._texts: list[str] = []               # joined when read (`text`), not per token
         self.token_ids: list[int] = []
         self.logprobs: list[Any] | None = [] if want_logprobs else None
         self.output: list[dict[str, Any]] = []
         self._msg: int | None = None              # output index of the open message item
         self._calls: dict[int, int] = {}          # tool-call index -> output index (open ones)
         self._pending: list[dict[str, Any]] = []  # logprobs of text held back (a possible call)
+
+    @property
+    def text(self) -> str:
+        return "".join(self._texts)
 
     async def _send(self, kind: str, **fields: Any) -> None:
         event = {"type": kind, "sequence_number": self.seq, **fields}
@@ -52,7 +56,7 @@ class EventStream:
         await self._send("response.in_progress", response=response)
 
     async def feed(self, out: RequestOutput) -> None:
-        self.text += out.text
+        self._texts.append(out.text)
         self.token_ids.extend(out.token_ids)
         if self.want_logprobs and out.logprobs:
             self._pending.extend(self.token_logprobs(out.logprobs))
