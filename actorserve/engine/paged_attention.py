@@ -10,10 +10,14 @@ A step. `plan_step` turns the scheduler's ``[(seq, n)]`` into one flat batch of 
 tokens (ids, positions, slots) plus the attention layout, computed once and shared by all
 layers:
 
-* decode group: every member with ``n == 1`` (decodes, and a prefill whose last token is
-  all that is left, e.g. after a prefix-cache hit). Their contexts are gathered as whole
-  blocks with one ``index_select`` into a padded ``[D, nb * block_size]`` layout and
-  attended in one batched SDPA call with a length mask.
+* decode groups: the members with ``n == 1`` (decodes, and a prefill whose last token is
+  all that is left, e.g. after a prefix-cache hit), grouped by context length
+  (`group_by_length`): within a group the contexts are gathered as whole blocks with one
+  ``index_select`` into a padded ``[D, nb * block_size]`` layout and attended in one batched
+  SDPA call with a length mask. One long request no longer makes every short one gather and
+  attend over its length: a group only pads up to at most twice its shortest member (or 8
+  blocks more), so the padded work stays within about 2x the real work whatever the mix, at the
+  price of one SDPA call per group (a handful: lengths double from group to group).
 * chunks: every member with ``n > 1`` (prefill, whole or chunked). Each gathers its own
   blocks and attends with a causal mask offset by what was already computed, so a chunk
   that continues a cached prefix or an earlier chunk sees that context.
@@ -91,13 +95,21 @@ class Chunk:
 
 
 @dataclass(slots=True)
+class DecodeGroup:
+    """Members with ``n == 1`` whose contexts are attended together, padded to ``nb`` blocks."""
+
+    rows: torch.Tensor           # [D] their flat rows, ascending
+    blocks: torch.Tensor         # [D * nb] padded block ids
+    mask: torch.Tensor           # [D, 1, 1, nb * bs] bool, True = attend
+    dense: bool = False          # rows are exactly 0..T-1 (the whole step): no select/scatter
+
+
+@dataclass(slots=True)
 class StepPlan:
     input_ids: torch.Tensor      # [T]
     positions: torch.Tensor      # [T]
     slots: torch.Tensor          # [T]
-    decode_rows: torch.Tensor    # [D] flat rows of the n == 1 members
-    decode_blocks: torch.Tensor  # [D * nb] padded block ids
-    decode_mask: torch.Tensor    # [D, 1, 1, nb * bs] bool
+    decode: list[DecodeGroup] = field(default_factory=list)
     chunks: list[Chunk] = field(default_factory=list)
     last_rows: list[int] = field(default_factory=list)   # per member: its last flat row, -1 if n == 0
 
@@ -155,51 +167,69 @@ def plan_step(batch: list[tuple[Sequence, int]], block_size: int, group: int) ->
             chunks.append(Chunk(row, n, torch.tensor(table[:nb], dtype=torch.long), mask))
         last_rows.append(row + n - 1)
 
+    groups = []
     if dec_seqs:
-        nb = max(-(-(s.num_computed + 1) // bs) for s in dec_seqs)
-        blk = [0] * (len(dec_seqs) * nb)
-        ctx = []
-        for i, s in enumerate(dec_seqs):
-            need = -(-(s.num_computed + 1) // bs)
-            blk[i * nb:i * nb + need] = s.block_table[:need]
-            ctx.append(s.num_computed + 1)
-        dec_blocks = torch.tensor(blk, dtype=torch.long)
-        dec_mask = (torch.arange(nb * bs)[None, :] < torch.tensor(ctx)[:, None]).view(len(dec_seqs), 1, 1, -1)
-    else:
-        dec_blocks = torch.empty(0, dtype=torch.long)
-        dec_mask = torch.empty(0, 1, 1, 0, dtype=torch.bool)
+        needs = [-(-(s.num_computed + 1) // bs) for s in dec_seqs]
+        for members in group_by_length(needs):
+            nb = max(needs[i] for i in members)
+            blk = [0] * (len(members) * nb)
+            ctx = []
+            for j, i in enumerate(members):
+                s = dec_seqs[i]
+                blk[j * nb:j * nb + needs[i]] = s.block_table[:needs[i]]
+                ctx.append(s.num_computed + 1)
+            mask = torch.arange(nb * bs)[None, :] < torch.tensor(ctx)[:, None]
+            rows = [dec_rows[i] for i in members]
+            groups.append(DecodeGroup(torch.tensor(rows, dtype=torch.long),
+                                      torch.tensor(blk, dtype=torch.long),
+                                      mask.view(len(members), 1, 1, -1),
+                                      dense=len(rows) == len(ids)))
     return StepPlan(
         input_ids=torch.tensor(ids, dtype=torch.long),
         positions=torch.tensor(pos, dtype=torch.long),
         slots=torch.tensor(slots, dtype=torch.long),
-        decode_rows=torch.tensor(dec_rows, dtype=torch.long),
-        decode_blocks=dec_blocks,
-        decode_mask=dec_mask,
+        decode=groups,
         chunks=chunks,
         last_rows=last_rows,
     )
+
+
+def group_by_length(needs: list[int], ratio: int = 2, slack: int = 8) -> list[list[int]]:
+    """Partition indices of `needs` (blocks each context covers) into groups attended together:
+    in order of length, a group takes members while their need is at most ``ratio`` times its
+    shortest's or ``slack`` blocks more; each group's indices ascending (so one group over the
+    whole step keeps the step's row order)."""
+    order = sorted(range(len(needs)), key=needs.__getitem__)
+    groups: list[list[int]] = []
+    first = -1
+    for i in order:
+        if not groups or (needs[i] > ratio * first and needs[i] > first + slack):
+            groups.append([])
+            first = needs[i]
+        groups[-1].append(i)
+    return [sorted(g) for g in groups]
 
 
 def paged_attention(q: torch.Tensor, kv: PagedKV, layer: int, plan: StepPlan, out: torch.Tensor,
                     scale: float) -> None:
     """Attention of the step's queries ``q [T, n_heads, d]`` (RoPE applied, K/V already
     written) over each member's paged context; writes ``[T, n_heads * d]`` into `out`."""
-    T, nh, d = q.shape
+    nh, d = q.shape[1], q.shape[2]
     nkv = kv.n_kv
     group = nh // nkv
-    D = plan.decode_rows.numel()
-    if D:
-        qd = q if D == T else q.index_select(0, plan.decode_rows)
+    for g in plan.decode:
+        D = g.rows.numel()
+        qd = q if g.dense else q.index_select(0, g.rows)
         qd = qd.view(D, nkv, group, d)                                      # heads of a KV head = rows
-        k, v = kv.gather(layer, plan.decode_blocks, "d")
+        k, v = kv.gather(layer, g.blocks, "d")
         k = k.view(D, -1, nkv, d).transpose(1, 2)                           # [D, nkv, L, d]
         v = v.view(D, -1, nkv, d).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=plan.decode_mask, scale=scale)
+        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=g.mask, scale=scale)
         o = o.reshape(D, nh * d)
-        if D == T:
+        if g.dense:
             out.copy_(o)
         else:
-            out.index_copy_(0, plan.decode_rows, o)
+            out.index_copy_(0, g.rows, o)
     for c in plan.chunks:
         qc = q[c.row:c.row + c.n].view(c.n, nkv, group, d).permute(1, 2, 0, 3)
         qc = qc.reshape(1, nkv, group * c.n, d)
