@@ -1,8 +1,9 @@
 """Model runners: the `Engine` the scheduler drives, over a real transformers model.
 
-`PagedLlamaRunner` serves the Llama family (Llama, SmolLM2, Qwen2, Mistral: the same module
-tree ``model.embed_tokens / layers[i].{input_layernorm, self_attn.{q,k,v,o}_proj,
-post_attention_layernorm, mlp} / norm / rotary_emb`` and ``lm_head``). It does not copy or
+`PagedLlamaRunner` serves the Llama-shaped families (Llama, SmolLM2, Mistral, Qwen2, Qwen3,
+Gemma, Phi-3: the same module tree ``model.embed_tokens / layers[i].{input_layernorm,
+self_attn, post_attention_layernorm, mlp} / norm / rotary_emb`` and ``lm_head``; what differs
+between them, fused projections and per-head q/k norms, is in `families`). It does not copy or
 re-implement the weights: each step calls the HF submodules (linear layers, RMSNorm, MLP,
 rotary embedding) directly and replaces only what HF does per request, i.e. the KV cache
 and the attention over it, with the paged version in `paged_attention`. So any member can
@@ -19,31 +20,32 @@ the full-vocabulary log-softmax (score/rerank/classify through the LM head) or, 
 ``embed``, the final hidden state. The runner never touches ``num_computed``, the output
 ids or the block table: the scheduler owns them.
 
-`HFFallbackRunner` serves any other causal LM with the plain HF forward over the full token
-ids every time a member reaches the end of its tokens (no KV reuse: correct, slow).
-`build_engine` picks between them.
+`HFFallbackRunner` (`hf_fallback`) serves any other causal LM with the plain HF forward and
+HF's own KV cache, one sequence at a time. `build_engine` picks between them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from . import prompt_logprobs as prompt_lp
 from .base import EngineInfo, SeqOutput
+from .families import PAGED_MODEL_TYPES, Family, apply_rope, family_of, project_qkv, supports_paged
 from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
 from .sequence import Sequence
 
-Sampler = Callable[[torch.Tensor, list[Sequence]], list[tuple[int, float, list[tuple[int, float]] | None]]]
+if TYPE_CHECKING:
+    from .hf_fallback import HFFallbackRunner
 
-PAGED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-# RoPE variants whose frequencies are fixed at init, so one cos/sin table serves every step
-# ("dynamic"/"longrope" rescale with the sequence length: those models use the fallback).
-_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+__all__ = ["PAGED_MODEL_TYPES", "HFFallbackRunner", "PagedLlamaRunner", "build_engine",
+           "engine_info", "supports_paged"]
+
+Sampler = Callable[[torch.Tensor, list[Sequence]], list[tuple[int, float, list[tuple[int, float]] | None]]]
 
 
 def _default_sampler() -> Sampler:
@@ -109,29 +111,6 @@ def engine_info(model: Any, *, num_blocks: int, block_size: int, tokenizer: Any 
                       eos_token_ids=_eos_ids(model, tokenizer), vocab_size=int(vocab), dtype=dtype)
 
 
-def supports_paged(model: Any) -> bool:
-    """True when the model's module tree is the Llama shape this runner drives."""
-    cfg = getattr(model, "config", None)
-    if getattr(cfg, "model_type", None) not in PAGED_MODEL_TYPES:
-        return False
-    base = getattr(model, "model", None)
-    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-    if base is None or not all(hasattr(base, a) for a in needed) or not hasattr(model, "lm_head"):
-        return False
-    if getattr(base.rotary_emb, "rope_type", "default") not in _STATIC_ROPE:
-        return False
-    layer = base.layers[0]
-    attn = getattr(layer, "self_attn", None)
-    return (attn is not None and all(hasattr(attn, f"{p}_proj") for p in "qkvo")
-            and not hasattr(attn, "q_norm") and hasattr(layer, "mlp")
-            and hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm"))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def _finish(outputs: list[SeqOutput], seqs: list[Sequence], where: list[int], hidden: torch.Tensor,
             logits_of: Callable[[list[int]], torch.Tensor], sampler: Sampler, grammar: Any = None) -> None:
     """Fill ``outputs[where[i]]`` for each finishing member ``seqs[i]``: sample a token, or
@@ -182,8 +161,11 @@ class PagedLlamaRunner(_SamplingRunner):
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, sampler: Sampler | None = None,
                  threads: int | None = None, tokenizer: Any = None, model_name: str | None = None,
                  max_model_len: int | None = None) -> None:
-        if not supports_paged(model):
-            raise ValueError(f"{type(model).__name__} is not a Llama-family model; use HFFallbackRunner")
+        family = family_of(model)
+        if family is None:
+            raise ValueError(f"{type(model).__name__} is not a model family the paged runner drives "
+                             "(`engine.families`); use HFFallbackRunner")
+        self.family: Family = family
         if threads:
             torch.set_num_threads(int(threads))
         cfg = model.config
@@ -232,17 +214,16 @@ class PagedLlamaRunner(_SamplingRunner):
     def _forward(self, plan: StepPlan) -> torch.Tensor:
         """Run all layers over the flat batch; return the hidden states before the final norm."""
         T, nh, nkv, d = plan.num_tokens, self.n_heads, self.n_kv, self.head_dim
+        fam = self.family
         h = self.base.embed_tokens(plan.input_ids)
         cos, sin = self._rope(plan.positions, h)
         attn_out = self.kv.scratch("attn", (T, nh * d))
         for li, layer in enumerate(self.layers):
             a = layer.self_attn
             x = layer.input_layernorm(h)
-            q = a.q_proj(x).view(T, nh, d)
-            k = a.k_proj(x).view(T, nkv, d)
-            v = a.v_proj(x).view(T, nkv, d)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k, v = project_qkv(fam, a, x, nh, nkv, d)
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
             self.kv.write(li, plan.slots, k, v)
             paged_attention(q, self.kv, li, plan, attn_out, self.scale)
             h.add_(a.o_proj(attn_out))                       # h is this step's own tensor
@@ -270,56 +251,6 @@ class PagedLlamaRunner(_SamplingRunner):
         return outputs
 
 
-class HFFallbackRunner(_SamplingRunner):
-    """Any causal LM through its plain HF forward, recomputing the whole prefix each time.
-
-    A chunk that stops short of the end has nothing to produce and costs nothing; a member
-    that reaches the end runs one forward over its full token ids. Same interface and
-    outputs as the paged runner; the block tables are accepted and ignored."""
-
-    def __init__(self, model: Any, *, num_blocks: int = 1024, block_size: int = 16,
-                 sampler: Sampler | None = None, threads: int | None = None, tokenizer: Any = None,
-                 model_name: str | None = None, max_model_len: int | None = None) -> None:
-        if threads:
-            torch.set_num_threads(int(threads))
-        self.model = model.eval()
-        self.info = engine_info(model, num_blocks=num_blocks, block_size=block_size, tokenizer=tokenizer,
-                                model_name=model_name, max_model_len=max_model_len)
-        self._sampler = sampler
-        self._grammar_for(tokenizer)
-
-    def release(self, seq: Sequence) -> None:
-        """Nothing to forget: this runner keeps no per-sequence state."""
-
-    @torch.inference_mode()
-    def execute(self, batch: list[tuple[Sequence, int]]) -> list[SeqOutput]:
-        outputs = [SeqOutput(seq) for seq, _ in batch]
-        members = [i for i, (seq, n) in enumerate(batch)
-                   if n > 0 and seq.num_computed + n == seq.num_tokens]
-        if not members:
-            return outputs
-        seqs = [batch[i][0] for i in members]
-        want_hidden = any(s.pooling is not None and s.pooling.task == "embed" for s in seqs)
-        rows, logits = [], []
-        for seq in seqs:
-            ids = torch.tensor([seq.token_ids()], dtype=torch.long)
-            start = seq.prompt_logprob_from      # it owes prompt logprobs: every row's logits
-            scored = start is not None and start < len(seq.prompt_ids) - 1
-            try:
-                out = self.model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden,
-                                 logits_to_keep=0 if scored else 1)
-            except TypeError:   # an architecture whose forward has no logits_to_keep
-                out = self.model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden)
-            if scored:
-                prompt_lp.score_rows([(seq, start, len(seq.prompt_ids) - 1, start)],
-                                     lambda a, b, o=out: o.logits[0, a:b])
-            logits.append(out.logits[0, -1])
-            rows.append(out.hidden_states[-1][0, -1] if want_hidden else out.logits[0, -1])
-        all_logits = torch.stack(logits)
-        self._finish(outputs, seqs, members, torch.stack(rows), lambda idx: all_logits[idx])
-        return outputs
-
-
 def build_engine(model: Any, **kw: Any) -> PagedLlamaRunner | HFFallbackRunner:
     """The paged runner for Llama-family models, the HF fallback for anything else.
 
@@ -327,4 +258,14 @@ def build_engine(model: Any, **kw: Any) -> PagedLlamaRunner | HFFallbackRunner:
     ``threads``, ``tokenizer``, ``model_name``, ``max_model_len``)."""
     if supports_paged(model):
         return PagedLlamaRunner(model, **kw)
+    from .hf_fallback import HFFallbackRunner
     return HFFallbackRunner(model, **kw)
+
+
+def __getattr__(name: str) -> Any:
+    """``HFFallbackRunner`` lives in `hf_fallback` (which imports this module); still
+    importable from here."""
+    if name == "HFFallbackRunner":
+        from .hf_fallback import HFFallbackRunner
+        return HFFallbackRunner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
