@@ -199,3 +199,66 @@ async def test_abort_latency_matches_a_prefix_abort_to_its_own_request_not_an_ol
     assert len(lat) == 4 and lat[0] == 0.0               # `early`, by the pause
     assert lat[1:] == [4.0, 4.0, 4.0]                    # from the prefix abort, not 5 s earlier
     await rt.shutdown()
+
+
+def _notes(path, n, **kw):
+    rec = FlightRecorder(path=path, lifecycles=LIFECYCLES.values(), clock=ManualClock(), **kw)
+    for i in range(n):
+        rec.note("step", "step", rid=f"r{i}")
+    return rec
+
+
+def test_close_ends_the_file_with_an_end_marker(tmp_path):
+    from actorserve.replay.recorder import ended_in_order
+
+    path = tmp_path / "rec.jsonl"
+    rec = _notes(path, 3, wall_clock=lambda: 42)
+    rec.flush()
+    header, _ = read_recording(path)
+    assert header["end_marker"] is True and "end" not in header and ended_in_order(header) is False
+    rec.close()
+    rec.close()                                          # once only
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[-1]) == {"end": {"seq": 3, "t_ns": 0, "wall_ns": 42}}
+    assert sum('"end"' in ln for ln in lines) == 1
+    header, events = read_recording(path)
+    assert header["end"]["seq"] == events[-1].seq == 3 and ended_in_order(header) is True
+    assert ended_in_order({"lifecycles": {}}) is None    # a recorder from before end markers
+    with open(path, "a") as f:                           # a marker is the end only as the last line
+        f.write(json.dumps(events[0].to_dict()) + "\n")
+    assert "end" not in read_recording(path)[0]
+
+
+def test_a_restart_at_the_same_path_keeps_the_earlier_recording(tmp_path):
+    from actorserve.replay.recorder import incarnation_of, incarnation_path, read_all_parts
+
+    path = tmp_path / "rec.jsonl"
+    _notes(path, 200, max_bytes=2000, backups=2, flush_every=5).close()
+    first = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    assert sorted(first) == ["rec.jsonl", "rec.jsonl.1", "rec.jsonl.2"]   # rotation as before
+    assert "end" not in read_recording(tmp_path / "rec.jsonl.1")[0]       # a rotated part: no end
+    killed = _notes(path, 7)                             # the next incarnation, then killed:
+    killed.flush()                                       # its file ends at the last flush
+    text = path.read_text()
+    killed.close()
+    path.write_text(text)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "rec.jsonl", "rec.prev-1.jsonl", "rec.prev-1.jsonl.1", "rec.prev-1.jsonl.2"]
+    for name, text in first.items():                     # moved whole, parts and all
+        assert (tmp_path / name.replace("rec.jsonl", "rec.prev-1.jsonl")).read_text() == text
+    header, events = read_all_parts(tmp_path / "rec.prev-1.jsonl")
+    assert "end" in header and [e.seq for e in events][-1] == 200
+    _notes(path, 1).close()                              # and again: the killed one is prev-2
+    assert sorted(p.name for p in tmp_path.iterdir() if "prev-2" in p.name) == ["rec.prev-2.jsonl"]
+    header, events = read_all_parts(tmp_path / "rec.prev-2.jsonl")
+    assert "end" not in header and [e.seq for e in events] == list(range(1, 8))
+    assert [e.seq for e in read_all_parts(path)[1]] == [1]
+    (tmp_path / "empty.jsonl").write_text("")            # an empty file holds nothing to keep
+    _notes(tmp_path / "empty.jsonl", 1).close()
+    assert not any(p.name.startswith("empty.prev") for p in tmp_path.iterdir())
+    assert incarnation_path("d/r0.jsonl", 3) == "d/r0.prev-3.jsonl"
+    assert incarnation_path("run.log", 1) == "run.log.prev-1"
+    assert incarnation_of("d/r0.prev-3.jsonl") == ("d/r0.jsonl", 3)
+    assert incarnation_of("run.log.prev-1") == ("run.log", 1)
+    assert incarnation_of("d/r0.jsonl") == ("d/r0.jsonl", None)
+    assert incarnation_of("d/r0.prev-3.jsonl.1") == ("d/r0.prev-3.jsonl.1", None)

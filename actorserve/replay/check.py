@@ -22,6 +22,14 @@ are then in flight, not broken: `check(..., allow_open=True)` lists them in
 requests that ended, every transition) as usual. A closed recording that leaves a request
 live is a real ``no-terminal``. Events with no sign of a server (a hand-made list, an old
 ring buffer) are judged as closed.
+
+*The end marker.* A recorder that writes one (`recorder.ended_in_order`) settles the question
+from the file instead: `check(..., ended=True)` is closed, ``ended=False`` is open, whatever
+the events say (a server killed while shutting down is not closed). A *cut* recording
+(``cut=True``: open, and its process is known to be gone, since a later incarnation of the
+replica took its path) lists the requests live at its end in `Report.lost`, lost with the
+process, never as violations; everything before the cut is checked as usual, as a kill can
+only truncate the end.
 """
 
 from __future__ import annotations
@@ -62,6 +70,8 @@ class Report:
     open: bool = False                  # no clean shutdown at the end (see the module doc)
     in_flight: list[InFlight] = field(default_factory=list)
     last_ns: int | None = None          # time of the last event
+    cut: bool = False                   # open, and its process was killed (module doc)
+    lost: list[InFlight] = field(default_factory=list)   # live at the cut: lost with the process
 
     @property
     def ok(self) -> bool:
@@ -94,11 +104,14 @@ class _Track:
 
 
 def check(events: Iterable[Event], *, require_terminal: bool = True,
-          allow_open: bool = False) -> Report:
+          allow_open: bool = False, ended: bool | None = None, cut: bool = False) -> Report:
     """Check the invariants (module docstring). With `allow_open`, an open recording's live
-    requests are reported in flight rather than as ``no-terminal`` violations."""
+    requests are reported in flight rather than as ``no-terminal`` violations. `ended`: the
+    file's end marker says it closed in order (True) or not (False); None: judge by the
+    events. With `cut`, an open recording's live requests are lost with the process."""
     events = list(events)
-    is_open = recording_is_open(events)
+    is_open = recording_is_open(events) if ended is None else not ended
+    cut = cut and is_open
     tracks: dict[tuple[str, str | None], _Track] = {}
     viol: list[Violation] = []
     requests: Counter = Counter()
@@ -160,9 +173,12 @@ def check(events: Iterable[Event], *, require_terminal: bool = True,
     in_flight = [InFlight(kind, rid, tr.subject.state.name, tr.since)
                  for (kind, rid), tr in tracks.items()
                  if tr.accepted and kind in REQUEST_KINDS and tr.terminal_seq is None]
-    if require_terminal and not (is_open and allow_open):
+    lost = in_flight if cut else []
+    if cut:
+        in_flight = []
+    elif require_terminal and not (is_open and allow_open):
         for f in in_flight:
             viol.append(Violation("no-terminal", f.rid, -1, f"{f.kind}: ended in {f.state}"))
     viol.sort(key=lambda v: (v.seq if v.seq >= 0 else 1 << 62))
     return Report(requests, terminal, viol, is_open, in_flight,
-                  events[-1].t_ns if events else None)
+                  events[-1].t_ns if events else None, cut, lost)

@@ -23,6 +23,17 @@ across replicas go to the replica listed first.
                            request, or its lifecycle): its KV and its turns live on one replica,
                            so a session that moved lost them.
 
+*Incarnations.* A replica restarted at the same path leaves its earlier recordings beside the
+newest (``r0.prev-1.jsonl``, ``r0.prev-2.jsonl`` ... ``r0.jsonl``, `recorder.keep_earlier`).
+Each is a `Replica` of its own (its own events, seq and clock anchor), listed oldest first and
+named ``r0#1``, ``r0#2`` ... when the replica has several. An earlier one without an end
+marker is *cut* (its process was killed): its requests live at the end are lost with the
+process (`check.Report.lost`). A rid that a cut recording lost and that is accepted again
+after the cut (its last event, common clock), by the restarted replica or another one, is
+the router's retry, not ``rid-on-two-replicas``; one accepted elsewhere before the cut was
+held twice and still is. A session used by an earlier incarnation and then by a later one of
+the same replica is not ``session-moved``: it died with the process, it did not move.
+
 Each replica's own invariants are `check.check`'s, run on that replica's events alone.
 """
 
@@ -36,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from .check import Report, check
-from .recorder import Event, read_all_parts
+from .recorder import Event, ended_in_order, incarnation_of, read_all_parts
 
 __all__ = ["CrossViolation", "Replica", "check_each", "cross_check", "load_replicas", "merged",
            "on_common_clock", "recording_files", "recording_path", "sessions_of"]
@@ -56,14 +67,20 @@ def recording_path(record: str | None, replica: str | None) -> tuple[str | None,
     return record, replica
 
 
+def _order(path: str) -> tuple[str, float]:
+    base, k = incarnation_of(path)
+    return base, float("inf") if k is None else k
+
+
 def recording_files(paths: Iterable[str]) -> list[str]:
     """The recordings named: files as given, and each directory's ``*.jsonl`` (not their
-    rotated parts ``*.jsonl.N``, which `read_all_parts` joins), sorted by name."""
+    rotated parts ``*.jsonl.N``, which `read_all_parts` joins), sorted by name, a replica's
+    incarnations together, oldest first (``r0.prev-1.jsonl`` ... ``r0.jsonl``)."""
     out: list[str] = []
     for p in paths:
         if os.path.isdir(p):
-            out += sorted(os.path.join(p, f) for f in os.listdir(p)
-                          if f.endswith(".jsonl") and os.path.isfile(os.path.join(p, f)))
+            out += sorted((os.path.join(p, f) for f in os.listdir(p)
+                           if f.endswith(".jsonl") and os.path.isfile(os.path.join(p, f))), key=_order)
         else:
             out.append(p)
     return out
@@ -80,6 +97,9 @@ class Replica:
     events: list[Event]
     offset: int = 0
     anchored: bool = True
+    replica: str = ""                   # the replica id (`name` tells its incarnations apart)
+    ended: bool | None = None           # `recorder.ended_in_order` of its header
+    earlier: bool = False               # an earlier incarnation: a later one took its path
 
     def common(self, t_ns: int) -> int:
         return t_ns + self.offset
@@ -88,18 +108,31 @@ class Replica:
 def load_replicas(paths: Iterable[str]) -> list[Replica]:
     """Read every recording (rotated parts joined) and place each on the common clock.
     A replica's id is its header's ``replica``, else its file name without ``.jsonl``; two
-    files naming the same replica are told apart by their file names. Raises `ValueError`
-    when a file cannot be read as a recording."""
+    files naming the same replica are told apart by their file names, a replica's incarnations
+    by ``#K`` (the module docstring). Raises `ValueError` when a file cannot be read as a
+    recording."""
     reps: list[Replica] = []
-    for path in recording_files(paths):
+    files = recording_files(paths)
+    first: dict[str, int] = {}
+    for i, p in enumerate(files):      # a replica's incarnations together, oldest first
+        first.setdefault(incarnation_of(p)[0], i)
+    files.sort(key=lambda p: (first[incarnation_of(p)[0]], _order(p)[1]))
+    incs = [incarnation_of(p) for p in files]
+    for path, (newest, k) in zip(files, incs):
         header, events = read_all_parts(path)
-        base = os.path.basename(path)
-        name = str(header.get("replica") or (base[:-6] if base.endswith(".jsonl") else base))
+        base = os.path.basename(newest)
+        rid = name = str(header.get("replica") or (base[:-6] if base.endswith(".jsonl") else base))
+        mine = [j for b, j in incs if b == newest]
+        if len(mine) > 1:
+            name += f"#{k if k is not None else max(j or 0 for j in mine) + 1}"
+        rep = Replica(name, path, header, events, replica=rid, ended=ended_in_order(header),
+                      earlier=k is not None)
         anchor = header.get("clock") or {}
         if "t_ns" in anchor and "wall_ns" in anchor:
-            reps.append(Replica(name, path, header, events, int(anchor["wall_ns"]) - int(anchor["t_ns"])))
+            rep.offset = int(anchor["wall_ns"]) - int(anchor["t_ns"])
         else:
-            reps.append(Replica(name, path, header, events, 0, anchored=False))
+            rep.anchored = False
+        reps.append(rep)
     names = [r.name for r in reps]
     for r in reps:
         if names.count(r.name) > 1:
@@ -159,29 +192,68 @@ def sessions_of(events: Iterable[Event]) -> dict[str, int]:
     return out
 
 
-def _accepted(events: Iterable[Event]) -> dict[str, int]:
-    out: dict[str, int] = {}
+def _accepted(events: Iterable[Event]) -> dict[str, Event]:
+    out: dict[str, Event] = {}
     for e in events:
         if e.kind == "input" and e.event in ("generate", "pool") and e.rid and e.rid not in out:
-            out[e.rid] = e.seq
+            out[e.rid] = e
     return out
 
 
-def _shared(reps: list[Replica], per: list[dict[str, int]], kind: str, what: str) -> list[CrossViolation]:
-    holders: dict[str, list[tuple[str, int]]] = {}
-    for r, ids in zip(reps, per):
-        for key, seq in ids.items():
-            holders.setdefault(key, []).append((r.name, seq))
-    return [CrossViolation(kind, key, tuple(w), f"{what} {key!r} on "
-                           + ", ".join(f"{n} (seq {s})" for n, s in w))
-            for key, w in holders.items() if len(w) > 1]
+def _flag(kind: str, what: str, key: str, w: list[tuple[str, int]]) -> CrossViolation:
+    return CrossViolation(kind, key, tuple(w), f"{what} {key!r} on "
+                          + ", ".join(f"{n} (seq {s})" for n, s in w))
 
 
-def cross_check(reps: list[Replica]) -> list[CrossViolation]:
-    """The checks across replicas (the module docstring), in the order the ids first show."""
-    return (_shared(reps, [_accepted(r.events) for r in reps], "rid-on-two-replicas", "request")
-            + _shared(reps, [sessions_of(r.events) for r in reps], "session-moved", "session"))
+def _rids(reps: list[Replica], reports: list[Report]) -> list[CrossViolation]:
+    """``rid-on-two-replicas``, a holder that lost the rid with its process before another
+    accepted it excused (the router's retry)."""
+    holders: dict[str, list[tuple[int, Event]]] = {}
+    for i, r in enumerate(reps):
+        for key, e in _accepted(r.events).items():
+            holders.setdefault(key, []).append((i, e))
+    lost = [{f.rid for f in rep.lost} for rep in reports]
+
+    def retried(key: str, i: int, hs: list[tuple[int, Event]]) -> bool:
+        r = reps[i]
+        if not r.events or key not in lost[i]:
+            return False
+        cut_at = r.common(r.events[-1].t_ns)
+        return any(j != i and reps[j].common(e.t_ns) >= cut_at for j, e in hs)
+
+    out = []
+    for key, hs in holders.items():
+        if len(hs) > 1 and sum(not retried(key, i, hs) for i, _ in hs) > 1:
+            out.append(_flag("rid-on-two-replicas", "request", key, [(reps[i].name, e.seq) for i, e in hs]))
+    return out
+
+
+def _sessions(reps: list[Replica]) -> list[CrossViolation]:
+    """``session-moved``, an earlier incarnation's use excused when a later incarnation of the
+    same replica uses it too (the session died with the process)."""
+    holders: dict[str, list[tuple[int, int]]] = {}
+    for i, r in enumerate(reps):
+        for key, seq in sessions_of(r.events).items():
+            holders.setdefault(key, []).append((i, seq))
+    out = []
+    for key, hs in holders.items():
+        left = [i for i, _ in hs if not (reps[i].earlier and any(
+            j > i and reps[j].replica == reps[i].replica for j, _ in hs))]
+        if len(hs) > 1 and len(left) > 1:
+            out.append(_flag("session-moved", "session", key, [(reps[i].name, s) for i, s in hs]))
+    return out
+
+
+def cross_check(reps: list[Replica], reports: list[Report] | None = None) -> list[CrossViolation]:
+    """The checks across replicas (the module docstring), in the order the ids first show.
+    `reports`: `check_each`'s, when already made (what each replica lost)."""
+    if reports is None:
+        reports = check_each(reps, require_terminal=False)
+    return _rids(reps, reports) + _sessions(reps)
+
 
 def check_each(reps: list[Replica], *, require_terminal: bool = True) -> list[Report]:
-    """`check.check` per replica, open recordings allowed (as for one file)."""
-    return [check(r.events, require_terminal=require_terminal, allow_open=True) for r in reps]
+    """`check.check` per replica, open recordings allowed (as for one file), a cut one's
+    live requests lost with its process."""
+    return [check(r.events, require_terminal=require_terminal, allow_open=True, ended=r.ended,
+                  cut=r.earlier) for r in reps]

@@ -8,7 +8,9 @@
     actorserve replay --reexecute DIR [--max-num-seqs N ...]   # each replica's part, alone
 
 The options are those of one recording (`replay_cli`), the merge rule and the checks across
-replicas `replay.fleet`'s. Exit 0: every replica clean and nothing wrong across them; 1: a
+replicas `replay.fleet`'s. A restarted replica's incarnations (``r0.prev-1.jsonl`` ...
+``r0.jsonl``) report apart, oldest first (``r0#1``, ``r0#2``); a cut one's requests live at
+the kill are "lost with the process" (``lost_with_process`` in ``--json``), not violations. Exit 0: every replica clean and nothing wrong across them; 1: a
 violation (or a difference, with ``--reexecute``); 2: a recording that cannot be read (or
 re-executed), or a format that draws one recording only (mermaid).
 """
@@ -20,6 +22,8 @@ import json
 import sys
 
 from .fleet import Replica, check_each, cross_check, load_replicas, merged
+
+CUT = "cut (its process was killed: no end marker, and a later incarnation took its path)"
 
 
 def _load(args: argparse.Namespace) -> list[Replica] | None:
@@ -134,19 +138,22 @@ def run(args: argparse.Namespace) -> int:
     from .replay_cli import _stale_definitions
 
     reports = check_each(reps, require_terminal=not args.allow_unfinished)
-    across = cross_check(reps)
+    across = cross_check(reps, reports)
     ok = not across and all(rep.ok for rep in reports)
     if args.json:
         print(json.dumps({"ok": ok, "replicas": [{
-            "replica": r.name, "path": r.path, "events": len(r.events), "open": rep.open,
-            "clock_anchor": r.anchored,
+            "replica": r.name, "replica_id": r.replica, "path": r.path, "events": len(r.events),
+            "open": rep.open, "ended_in_order": r.ended, "cut": rep.cut, "clock_anchor": r.anchored,
             "in_flight": [{"kind": f.kind, "rid": f.rid, "state": f.state} for f in rep.in_flight]
             if rep.open else [],
+            "lost_with_process": [{"kind": f.kind, "rid": f.rid, "state": f.state} for f in rep.lost],
             "requests": dict(rep.requests),
             "terminal": {f"{k}.{s}": n for (k, s), n in sorted(rep.terminal.items())},
             "violations": [{"kind": v.kind, "rid": v.rid, "seq": v.seq, "detail": v.detail}
                            for v in rep.violations],
             "stale_definitions": _stale_definitions(r.header)} for r, rep in zip(reps, reports)],
+            "lost_with_process": [{"replica": r.name, "kind": f.kind, "rid": f.rid, "state": f.state}
+                                  for r, rep in zip(reps, reports) for f in rep.lost],
             "cross_replica": [v.to_dict() for v in across]}))
         return 0 if ok else 1
     print(f"{len(reps)} replicas, {sum(len(r.events) for r in reps)} events, merged on one clock")
@@ -154,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  note: {line}")
     for r, rep in zip(reps, reports):
         print(f"== replica {r.name} ({r.path}): {len(r.events)} events"
-              + (", open (no shutdown recorded)" if rep.open else ""))
+              + (f", {CUT}" if rep.cut else ", open (no shutdown recorded)" if rep.open else ""))
         for kind, n in sorted(rep.requests.items()):
             ends = ", ".join(f"{s}={c}" for (k, s), c in sorted(rep.terminal.items()) if k == kind)
             print(f"  {kind:<11} {n:>7} accepted   {ends}")
@@ -162,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"  note: {line}")
         if rep.open and rep.in_flight:
             print(f"  {len(rep.in_flight)} request(s) in flight (not violations)")
+        if rep.lost:
+            print(f"  {len(rep.lost)} request(s) lost with the process (live at the cut; not "
+                  "violations): " + ", ".join(f"{f.rid} ({f.state})" for f in rep.lost[:20])
+                  + (f" ... and {len(rep.lost) - 20} more" if len(rep.lost) > 20 else ""))
         for v in rep.violations[:200]:
             where = f"seq {v.seq}" if v.seq >= 0 else "at end"
             print(f"  [{v.kind}] {where} rid={v.rid}: {v.detail}")
@@ -172,5 +183,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  [{c.kind}] {c.detail}")
     else:
         print("== across replicas: no violations")
+    lost = sum(len(rep.lost) for rep in reports)
+    if lost:
+        print(f"{lost} request(s) lost with a killed process (not violations)")
     print("no violations" if ok else "violations found")
     return 0 if ok else 1

@@ -29,6 +29,16 @@ the event clock and one of the wall clock, taken together. Event times stay on t
 runtime's monotonic clock; ``wall_ns + (t_ns - anchor.t_ns)`` puts them on the wall clock,
 which recordings from different processes share (`replay.fleet` merges them so).
 
+*Incarnations and the end marker.* A recorder never destroys an earlier recording: when its
+path already holds one as it first opens (a replica restarted with the same command line),
+that recording and its rotated parts move aside to ``STEM.prev-K.jsonl`` (``.1``, ``.2`` ...
+with it), K one more than any already there, so ``prev-1`` is the first incarnation and the
+path itself always the newest (`incarnation_path`, `incarnation_of`). `close` ends the file
+with ``{"end": {"seq", "t_ns", "wall_ns"}}``; the header says ``"end_marker": true`` (this
+recorder writes one), so a file of such a recorder without the marker was not closed in
+order: still being written, or its process was killed (a ``prev`` one: certainly killed, a
+later incarnation took its path). `read_recording` hands the marker back as ``header["end"]``.
+
 Live listeners (the ``/debug/events`` stream) `subscribe(callback)`: each new event is handed to
 every callback as an `Event`, synchronously, right after it is recorded. With no subscriber the
 hot path costs one falsy check (within noise of before); a callback that raises is dropped.
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections import deque
 from json.encoder import encode_basestring
@@ -118,6 +129,7 @@ class FlightRecorder:
         self._written = 0
         self._subscribers: list[Callable[[Event], None]] = []
         if self.path is not None:
+            keep_earlier(self.path)
             self._open()
 
     # -- recording (hot path) ---------------------------------------------------------------------
@@ -195,7 +207,8 @@ class FlightRecorder:
     # -- file sink --------------------------------------------------------------------------------
     def header(self) -> dict[str, Any]:
         head: dict[str, Any] = {"format": "actorserve-recording/1",
-                                "lifecycles": {n: lc.describe() for n, lc in self._lifecycles.items()}}
+                                "lifecycles": {n: lc.describe() for n, lc in self._lifecycles.items()},
+                                "end_marker": True}
         if self.replica is not None:
             head["replica"] = self.replica
         head["clock"] = {"t_ns": self.clock.now_ns(), "wall_ns": self.wall_clock()}
@@ -235,10 +248,59 @@ class FlightRecorder:
         self._written += len(chunk)
 
     def close(self) -> None:
+        """Flush, end the file with its end marker (the recording ended in order), close."""
         if self._file is not None:
             self.flush()
+            end = {"end": {"seq": self.seq, "t_ns": self.clock.now_ns(), "wall_ns": self.wall_clock()}}
+            self._file.write(json.dumps(end, separators=(",", ":")) + "\n")
             self._file.close()
             self._file = None
+
+
+_PREV = re.compile(r"^(?P<stem>.*)\.prev-(?P<k>[0-9]+)(?P<ext>\.jsonl)?$")
+
+
+def incarnation_path(path: str, k: int) -> str:
+    """Where the K-th earlier incarnation of the recording at `path` lives:
+    ``STEM.prev-K.jsonl`` for ``STEM.jsonl``, ``PATH.prev-K`` for any other name."""
+    return f"{path[:-6]}.prev-{k}.jsonl" if path.endswith(".jsonl") else f"{path}.prev-{k}"
+
+
+def incarnation_of(path: str | os.PathLike[str]) -> tuple[str, int | None]:
+    """(the path of the newest incarnation, K) for an earlier incarnation's file
+    (`incarnation_path`); (path, None) for any other file, the newest one included."""
+    path = os.fspath(path)
+    m = _PREV.match(path)
+    if m is None:
+        return path, None
+    return m["stem"] + (m["ext"] or ""), int(m["k"])
+
+
+def _parts(base: str) -> list[int]:
+    """The numbers N of the rotated parts ``BASE.N`` present, newest (1) first."""
+    folder, name = os.path.split(base)
+    return sorted(int(f[len(name) + 1:]) for f in os.listdir(folder or ".")
+                  if f.startswith(name + ".") and f[len(name) + 1:].isdigit())
+
+
+def keep_earlier(path: str) -> str | None:
+    """Move the recording at `path` (with its rotated parts) aside to its next incarnation
+    name, when there is one (a non-empty file, or rotated parts); return where it went."""
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        return None
+    parts = _parts(path)
+    if not parts and not (os.path.isfile(path) and os.path.getsize(path) > 0):
+        return None
+    ks = [k for f in os.listdir(folder)
+          if (inc := incarnation_of(os.path.join(os.path.dirname(path), f)))[0] == path
+          and (k := inc[1]) is not None]
+    prev = incarnation_path(path, max(ks, default=0) + 1)
+    for n in parts:
+        os.replace(f"{path}.{n}", f"{prev}.{n}")
+    if os.path.exists(path):
+        os.replace(path, prev)
+    return prev
 
 
 def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Event]]:
@@ -246,9 +308,11 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[E
 
     A recording that is still being written may end in a half-written line (no newline yet):
     that last fragment is left out, as it is not an event yet. A malformed line anywhere
-    else is an error (`ValueError` naming the line)."""
+    else is an error (`ValueError` naming the line). The end marker `FlightRecorder.close`
+    writes, when it is the last line, comes back as ``header["end"]``."""
     header: dict[str, Any] = {}
     events: list[Event] = []
+    end: dict[str, Any] | None = None
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
     for n, line in enumerate(lines, 1):
@@ -263,8 +327,13 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[E
             raise ValueError(f"{path}: line {n} is not a recording event: {exc}") from None
         if "header" in obj:
             header = obj["header"]
+        elif "end" in obj and "seq" not in obj:
+            end = obj["end"]
         else:
             events.append(Event.from_dict(obj))
+            end = None                 # an end marker counts only as the last line
+    if end is not None:
+        header = {**header, "end": end}
     return header, events
 
 
@@ -272,9 +341,7 @@ def read_all_parts(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[E
     """Read a rotated recording whole: ``PATH.N`` … ``PATH.1`` then ``PATH``, oldest first.
     Raises `ValueError` when the parts do not join up (a part was lost between them)."""
     base = os.fspath(path)
-    folder, name = os.path.split(base)
-    numbers = sorted((int(f[len(name) + 1:]) for f in os.listdir(folder or ".")
-                      if f.startswith(name + ".") and f[len(name) + 1:].isdigit()), reverse=True)
+    numbers = _parts(base)[::-1]
     header: dict[str, Any] = {}
     events: list[Event] = []
     for part in [f"{base}.{i}" for i in numbers] + [base]:
@@ -284,3 +351,11 @@ def read_all_parts(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[E
                              f"seq {events[-1].seq}: the recording has a gap")
         events.extend(evs)
     return header, events
+
+
+def ended_in_order(header: dict[str, Any]) -> bool | None:
+    """True: the file ends with the end marker; False: its recorder writes one and it has
+    none (not closed in order); None: a recorder from before end markers (judge by events)."""
+    if "end" in header:
+        return True
+    return False if header.get("end_marker") else None

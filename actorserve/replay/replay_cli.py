@@ -19,8 +19,8 @@ import sys
 import time
 
 from ..statemachines import LIFECYCLES
-from .check import Report, check, recording_is_open
-from .recorder import read_all_parts, read_recording
+from .check import Report, check
+from .recorder import ended_in_order, incarnation_of, read_all_parts, read_recording
 from .stats import latency_report, wasted_forwards_line
 
 
@@ -91,7 +91,18 @@ def _open_status(path: str, report: Report) -> str:
     return f"{OPEN} ({'; '.join(parts)})"
 
 
-def _picture(args: argparse.Namespace, events: list) -> int:
+def ending(path: str, header: dict) -> dict:
+    """`check.check`'s ``ended`` and ``cut`` for one file: its end marker, and whether it is
+    an earlier incarnation (a later one took its path: its process is gone)."""
+    return {"ended": ended_in_order(header), "cut": incarnation_of(path)[1] is not None}
+
+
+def _cut_status(report: Report) -> str:
+    return (f"recording was cut: its process was killed (no end marker, and a later incarnation "
+            f"took its path); {len(report.lost)} request(s) lost with the process")
+
+
+def _picture(args: argparse.Namespace, header: dict, events: list) -> int:
     if args.format == "chrome-trace":
         from .chrome_trace import to_chrome_trace
 
@@ -103,8 +114,9 @@ def _picture(args: argparse.Namespace, events: list) -> int:
     else:
         from .render import to_html
 
-        status = (_open_status(args.path, check(events, allow_open=True))
-                  if recording_is_open(events) else None)
+        report = check(events, allow_open=True, **ending(args.path, header))
+        status = (_cut_status(report) if report.cut else
+                  _open_status(args.path, report) if report.open else None)
         text = to_html(events, rid=args.rid, title=f"actorserve replay: {args.path}",
                        status=status)
     if args.out:
@@ -157,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         return _reexecute(args)
     header, events = read_recording(args.path)
     if args.format != "text":
-        return _picture(args, events)
+        return _picture(args, header, events)
     if args.rid:
         lines = timeline(events, args.rid)
         if not lines:
@@ -165,14 +177,18 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print("\n".join(lines))
         return 0
-    report = check(events, require_terminal=not args.allow_unfinished, allow_open=True)
+    report = check(events, require_terminal=not args.allow_unfinished, allow_open=True,
+                   **ending(args.path, header))
     stale = _stale_definitions(header)
     in_flight = [{"kind": f.kind, "rid": f.rid, "state": f.state} for f in report.in_flight]
     if args.json:
         print(json.dumps({
             "events": len(events),
             "open": report.open,
+            "ended_in_order": ended_in_order(header),
+            "cut": report.cut,
             "in_flight": in_flight if report.open else [],
+            "lost_with_process": [{"kind": f.kind, "rid": f.rid, "state": f.state} for f in report.lost],
             "requests": dict(report.requests),
             "terminal": {f"{k}.{s}": n for (k, s), n in sorted(report.terminal.items())},
             "violations": [{"kind": v.kind, "rid": v.rid, "seq": v.seq, "detail": v.detail}
@@ -187,7 +203,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {kind:<11} {n:>7} accepted   {ends}")
         for line in stale:
             print(f"  note: {line}")
-        if report.open:
+        if report.cut:
+            print(_cut_status(report) + (" (not violations; what came before the cut is checked "
+                                         "in full):" if report.lost else ""))
+            for f in report.lost[:20]:
+                print(f"    {f.kind:<11} rid={f.rid} in {f.state}")
+            if len(report.lost) > 20:
+                print(f"    ... and {len(report.lost) - 20} more")
+        elif report.open:
             print(_open_status(args.path, report))
             if report.in_flight:
                 print(f"  {len(report.in_flight)} request(s) in flight (not violations; "
