@@ -2,13 +2,14 @@
 transformers' own forward and ``generate``.
 
 Paged (`engine.families`): Qwen3 (per-head q/k RMSNorm before RoPE), Qwen2 (q/k/v biases),
-Gemma (scaled embedding, ``(1 + w)`` RMSNorm, gelu-tanh MLP), Phi-3 (fused qkv and gate_up,
-also with partial rotary): greedy tokens of a batch of prompts of different lengths with a
-chunked prefill equal ``generate(do_sample=False)``; the logits of a prefix-cache hit equal
-the plain forward's. Fallback (`engine.hf_fallback`): GPT-2, GPT-NeoX and Gemma2 (soft-capped
-attention) with HF's KV cache: greedy tokens equal ``generate``, a decode step feeds the model
-one token, a retraction (or a changed token) rebuilds the cache from position 0, ``release``
-drops it, prompt logprobs equal an independent forward.
+Gemma (scaled embedding, ``(1 + w)`` RMSNorm, gelu-tanh MLP), Gemma2 (sandwich norms,
+soft-capped attention and final logits), Phi-3 (fused qkv and gate_up, also with partial
+rotary): greedy tokens of a batch of prompts of different lengths with a chunked prefill
+equal ``generate(do_sample=False)``, every step's logits equal one plain forward's, and so do
+those of a prefix-cache hit. Fallback (`engine.hf_fallback`): GPT-2, GPT-NeoX and Gemma3 (a
+shape the paged runner does not take) with HF's KV cache: greedy tokens equal ``generate``,
+a decode step feeds the model one token, a retraction (or a changed token) rebuilds the
+cache from position 0, ``release`` drops it, prompt logprobs equal an independent forward.
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ def _build(arch: str):
     elif arch == "phi3_partial":
         model = tr.Phi3ForCausalLM(tr.Phi3Config(**COMMON, pad_token_id=0, partial_rotary_factor=0.5))
     elif arch == "gemma2":
-        model = tr.Gemma2ForCausalLM(tr.Gemma2Config(**COMMON, head_dim=16, sliding_window=128))
+        model = tr.Gemma2ForCausalLM(tr.Gemma2Config(**COMMON, head_dim=16, sliding_window=128,
+                                                     attn_logit_softcapping=2.0, final_logit_softcapping=30.0,
+                                                     query_pre_attn_scalar=1))
+    elif arch == "gemma3":
+        model = tr.Gemma3ForCausalLM(tr.Gemma3TextConfig(**COMMON, head_dim=16, sliding_window=128))
     elif arch == "gpt2":
         model = tr.GPT2LMHeadModel(tr.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=256,
                                                  bos_token_id=0, eos_token_id=0))
@@ -67,8 +72,8 @@ def _build(arch: str):
     return model.eval()
 
 
-PAGED = ["qwen3", "qwen3_bias", "qwen2", "gemma", "phi3", "phi3_partial"]
-FALLBACK = ["gpt2", "gpt_neox", "gemma2"]
+PAGED = ["qwen3", "qwen3_bias", "qwen2", "gemma", "gemma2", "phi3", "phi3_partial"]
+FALLBACK = ["gpt2", "gpt_neox", "gemma3"]
 
 
 @pytest.fixture(scope="module", params=PAGED + FALLBACK)
@@ -99,6 +104,8 @@ def test_family_is_routed(arch_model):
     assert supports_paged(model) == (arch in PAGED)
     d, _ = make(model)
     assert isinstance(d.engine, PagedLlamaRunner if arch in PAGED else HFFallbackRunner)
+    if arch.startswith("gemma") and arch != "gemma":
+        assert d.engine.info.max_model_len == 128       # capped at the sliding window: full attention is exact
 
 
 def test_batched_chunked_greedy_equals_generate(arch_model):

@@ -14,13 +14,15 @@ submodules themselves:
   ``(1 + weight)`` and the MLP is gelu-tanh gated: all inside the HF modules it calls.
 * phi3: fused ``qkv_proj`` (split here as HF splits it: q, then k, then v) and fused
   ``gate_up_proj`` (the HF MLP module is called as is); partial rotary dims are honoured.
+* gemma2: Gemma's pieces plus "sandwich" norms (``post_attention_layernorm`` on the
+  attention output, ``pre_/post_feedforward_layernorm`` around the MLP), soft-capped
+  attention logits (``attn_logit_softcapping``: `paged_attention` then runs HF's eager
+  formula instead of SDPA) and soft-capped final logits (``final_logit_softcapping``).
 
-Not here (served by the HF fallback): Gemma2 (its attention logits are soft-capped,
-``tanh(s / c) * c``, which the SDPA-based paged attention cannot express; it also adds
-pre/post feed-forward norms and final-logit soft-capping), Gemma3, MoE models, and any RoPE
+A sliding window (Mistral, Gemma2's alternate layers, Phi-3's) is honoured by capping
+``max_model_len`` at the window (`engine.runner.engine_info`), so full attention is exact.
+Not here (served by the HF fallback): Gemma3, MoE models, any other layer shape, and any RoPE
 whose frequencies depend on the sequence length (``dynamic``, ``longrope``: Phi-3 128k).
-A sliding window is honoured by capping ``max_model_len`` at the window (`engine_info`), so
-full attention is exact.
 """
 
 from __future__ import annotations
@@ -30,18 +32,18 @@ from typing import Any
 
 import torch
 
-PAGED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")
+PAGED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
 # RoPE variants whose frequencies are fixed at init, so one cos/sin table serves every step
 # ("dynamic"/"longrope" rescale with the sequence length: those models use the fallback).
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
-# Layer parts the paged step does not run: a model that has them stays on the fallback.
-_UNKNOWN_LAYER_PARTS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+_SANDWICH = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
 @dataclass(frozen=True, slots=True)
 class Family:
     fused_qkv: bool      # attn.qkv_proj instead of q_proj/k_proj/v_proj
     qk_norm: bool        # attn.q_norm / attn.k_norm per head, before RoPE
+    sandwich: bool       # Gemma2: norm the attention output, norms before and after the MLP
 
 
 def family_of(model: Any) -> Family | None:
@@ -49,7 +51,8 @@ def family_of(model: Any) -> Family | None:
     cfg = getattr(model, "config", None)
     if getattr(cfg, "model_type", None) not in PAGED_MODEL_TYPES:
         return None
-    if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "final_logit_softcapping", None):
+    if cfg.model_type != "gemma2" and (getattr(cfg, "attn_logit_softcapping", None)
+                                       or getattr(cfg, "final_logit_softcapping", None)):
         return None
     base = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -63,7 +66,8 @@ def family_of(model: Any) -> Family | None:
         return None
     if not (hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")):
         return None
-    if any(hasattr(layer, p) for p in _UNKNOWN_LAYER_PARTS):
+    sandwich = any(hasattr(layer, p) for p in _SANDWICH)
+    if sandwich != (cfg.model_type == "gemma2") or (sandwich and not all(hasattr(layer, p) for p in _SANDWICH)):
         return None
     fused = hasattr(attn, "qkv_proj")
     if not fused and not all(hasattr(attn, f"{p}_proj") for p in "qkv"):
@@ -73,7 +77,7 @@ def family_of(model: Any) -> Family | None:
         return None
     if qk_norm and cfg.model_type != "qwen3":      # per-head norms of an unknown placement
         return None
-    return Family(fused_qkv=fused, qk_norm=qk_norm)
+    return Family(fused_qkv=fused, qk_norm=qk_norm, sandwich=sandwich)
 
 
 def supports_paged(model: Any) -> bool:

@@ -210,10 +210,22 @@ def group_by_length(needs: list[int], ratio: int = 2, slack: int = 8) -> list[li
     return [sorted(g) for g in groups]
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+            softcap: float | None) -> torch.Tensor:
+    """SDPA, or with `softcap` (Gemma2) HF's eager attention: scores ``tanh(s / c) * c``,
+    masked, softmax in float32."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = (torch.tanh(s / softcap) * softcap).masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
 def paged_attention(q: torch.Tensor, kv: PagedKV, layer: int, plan: StepPlan, out: torch.Tensor,
-                    scale: float) -> None:
+                    scale: float, softcap: float | None = None) -> None:
     """Attention of the step's queries ``q [T, n_heads, d]`` (RoPE applied, K/V already
-    written) over each member's paged context; writes ``[T, n_heads * d]`` into `out`."""
+    written) over each member's paged context; writes ``[T, n_heads * d]`` into `out`.
+    `softcap` soft-caps the attention logits (Gemma2's ``attn_logit_softcapping``)."""
     nh, d = q.shape[1], q.shape[2]
     nkv = kv.n_kv
     group = nh // nkv
@@ -224,7 +236,7 @@ def paged_attention(q: torch.Tensor, kv: PagedKV, layer: int, plan: StepPlan, ou
         k, v = kv.gather(layer, g.blocks, "d")
         k = k.view(D, -1, nkv, d).transpose(1, 2)                           # [D, nkv, L, d]
         v = v.view(D, -1, nkv, d).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=g.mask, scale=scale)
+        o = _attend(qd, k, v, g.mask, scale, softcap)
         o = o.reshape(D, nh * d)
         if g.dense:
             out.copy_(o)
@@ -236,6 +248,6 @@ def paged_attention(q: torch.Tensor, kv: PagedKV, layer: int, plan: StepPlan, ou
         k, v = kv.gather(layer, c.blocks, "c")
         k = k.view(1, -1, nkv, d).transpose(1, 2)
         v = v.view(1, -1, nkv, d).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qc, k, v, attn_mask=c.mask, scale=scale)
+        o = _attend(qc, k, v, c.mask, scale, softcap)
         o = o.view(nkv, group, c.n, d).permute(2, 0, 1, 3)                  # [n, nkv, group, d]
         out[c.row:c.row + c.n].view(c.n, nkv, group, d).copy_(o)

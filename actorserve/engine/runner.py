@@ -1,11 +1,11 @@
 """Model runners: the `Engine` the scheduler drives, over a real transformers model.
 
 `PagedLlamaRunner` serves the Llama-shaped families (Llama, SmolLM2, Mistral, Qwen2, Qwen3,
-Gemma, Phi-3: the same module tree ``model.embed_tokens / layers[i].{input_layernorm,
+Gemma, Gemma2, Phi-3: the same module tree ``model.embed_tokens / layers[i].{input_layernorm,
 self_attn, post_attention_layernorm, mlp} / norm / rotary_emb`` and ``lm_head``; what differs
-between them, fused projections and per-head q/k norms, is in `families`). It does not copy or
-re-implement the weights: each step calls the HF submodules (linear layers, RMSNorm, MLP,
-rotary embedding) directly and replaces only what HF does per request, i.e. the KV cache
+between them, fused projections, per-head q/k norms, Gemma2's extra norms and soft-capping,
+is in `families`). It does not copy or re-implement the weights: each step calls the HF
+submodules (linear layers, RMSNorm, MLP, rotary embedding) directly and replaces only what HF does per request, i.e. the KV cache
 and the attention over it, with the paged version in `paged_attention`. So any member can
 join or leave any step, prefill chunks mix with decodes, and a prefix-cache hit simply means
 the first ``num_computed`` tokens already sit in the slots the block table names.
@@ -186,6 +186,8 @@ class PagedLlamaRunner(_SamplingRunner):
         self._sampler = sampler
         self._grammar_for(tokenizer)
         self._rope_cos = self._rope_sin = torch.empty(0)
+        self.attn_softcap = getattr(cfg, "attn_logit_softcapping", None) or None
+        self.final_softcap = getattr(cfg, "final_logit_softcapping", None) or None
         act = getattr(cfg, "hidden_act", None)
         self._silu_mlp = act == "silu" and all(hasattr(self.layers[0].mlp, a)
                                                for a in ("gate_proj", "up_proj", "down_proj"))
@@ -203,6 +205,13 @@ class PagedLlamaRunner(_SamplingRunner):
             cos, sin = self.base.rotary_emb(like, torch.arange(cap)[None])
             self._rope_cos, self._rope_sin = cos[0].contiguous(), sin[0].contiguous()
         return self._rope_cos[positions][:, None, :], self._rope_sin[positions][:, None, :]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head, soft-capped as HF caps it (Gemma2's ``final_logit_softcapping``)."""
+        logits = self.lm_head(hidden)
+        if self.final_softcap:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
 
     def _mlp(self, mlp: Any, x: torch.Tensor) -> torch.Tensor:
         if not self._silu_mlp:
@@ -225,7 +234,11 @@ class PagedLlamaRunner(_SamplingRunner):
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
             self.kv.write(li, plan.slots, k, v)
-            paged_attention(q, self.kv, li, plan, attn_out, self.scale)
+            paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap)
+            if fam.sandwich:                                 # Gemma2: norm each branch's output too
+                h.add_(layer.post_attention_layernorm(a.o_proj(attn_out)))
+                h.add_(layer.post_feedforward_layernorm(self._mlp(layer.mlp, layer.pre_feedforward_layernorm(h))))
+                continue
             h.add_(a.o_proj(attn_out))                       # h is this step's own tensor
             h.add_(self._mlp(layer.mlp, layer.post_attention_layernorm(h)))
         return h
@@ -239,7 +252,7 @@ class PagedLlamaRunner(_SamplingRunner):
         h = self._forward(plan)
         owed = prompt_lp.owed_rows(batch, plan.last_rows)
         if owed:      # the prompt rows of sequences that asked for prompt logprobs
-            prompt_lp.score_rows(owed, lambda a, b: self.lm_head(self.base.norm(h[a:b])))
+            prompt_lp.score_rows(owed, lambda a, b: self._logits(self.base.norm(h[a:b])))
         members = [i for i, (seq, n) in enumerate(batch)
                    if n > 0 and seq.num_computed + n == seq.num_tokens]
         if not members:
@@ -247,7 +260,7 @@ class PagedLlamaRunner(_SamplingRunner):
         rows = torch.tensor([plan.last_rows[i] for i in members], dtype=torch.long)
         hidden = self.base.norm(h.index_select(0, rows))
         self._finish(outputs, [batch[i][0] for i in members], members, hidden,
-                     lambda idx: self.lm_head(hidden[idx]))
+                     lambda idx: self._logits(hidden[idx]))
         return outputs
 
 
