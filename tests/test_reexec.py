@@ -232,3 +232,19 @@ async def test_a_recording_without_its_start_cannot_be_reexecuted(tmp_path, caps
         g.writelines([lines[0]] + lines[201:])
     assert await asyncio.to_thread(cli, ["replay", "--reexecute", str(cut)]) == 2
     assert "cannot re-execute" in capsys.readouterr().err
+
+
+async def test_a_cut_recording_reexecutes_up_to_its_cut(tmp_path):
+    """A process killed mid-run leaves its recording cut: re-executed with ``cut``, everything
+    up to the last recorded event is compared and matches; what the re-execution goes on to do
+    after it was never recorded. Without ``cut`` the same prefix differs (the run goes on)."""
+    path = tmp_path / "chaos.jsonl"
+    await chaos(path, seed=3, in_thread=False, n=200)
+    _, events = read_recording(path)
+    shut = next(i for i, e in enumerate(events) if e.kind == "input" and e.event == "shutdown")
+    prefix = events[:shut // 2]                       # the kill: mid-run, requests in flight
+    assert sum(1 for e in prefix if e.kind == "input" and e.event == "generate") > 10
+    rx = await reexecute(prefix, cut=True)
+    assert rx.ok, rx.format()
+    assert sum(a for a, _ in rx.steps.values()) > 10
+    assert not (await reexecute(prefix)).ok

@@ -100,7 +100,7 @@ def _reexecute(args: argparse.Namespace, reps: list[Replica]) -> int:
                 setup = next(e for e in r.events if e.kind == "input" and e.event == "runtime")
                 batch = dataclasses.replace(BatchConfig(**(setup.data or {})["generation"]["batch"]),
                                             **limits)
-            report = asyncio.run(reexecute(r.events, batch=batch))
+            report = asyncio.run(reexecute(r.events, batch=batch, cut=r.ended is False))
         except (RecordingError, ValueError, StopIteration) as exc:
             rows.append((r, None, str(exc) or "no runtime set-up recorded"))
             worst = 2

@@ -340,7 +340,14 @@ class _Driver:
 
 
 # -- comparing ------------------------------------------------------------------------------------
-def compare(recorded: list[Event], replayed: list[Event], report: ReexecReport) -> ReexecReport:
+def compare(recorded: list[Event], replayed: list[Event], report: ReexecReport,
+            cut: bool = False) -> ReexecReport:
+    """`cut`: the recording stops where its process did (killed, or still running): what the
+    re-execution goes on to do after the recording's last event was never recorded, so it is
+    not compared; everything up to there is."""
+    if cut and recorded:
+        last = max(e.seq for e in recorded)
+        replayed = [e for e in replayed if e.seq <= last]
     rs, ps = steps_of(recorded), steps_of(replayed)
     for sched in sorted(set(rs) | set(ps)):
         a, b = rs.get(sched, []), ps.get(sched, [])
@@ -370,11 +377,12 @@ def compare(recorded: list[Event], replayed: list[Event], report: ReexecReport) 
 
 
 async def reexecute(events: list[Event], *, batch: BatchConfig | None = None,
-                    policy: BatchPolicy | None = None) -> ReexecReport:
+                    policy: BatchPolicy | None = None, cut: bool = False) -> ReexecReport:
     """Re-execute a whole recording (its events in seq order); see the module docstring.
-    `batch` / `policy` replace the generation scheduler's batching to ask "what if"."""
+    `batch` / `policy` replace the generation scheduler's batching to ask "what if"; `cut`:
+    the recording was not closed in order (see `compare`)."""
     driver = _Driver(events, batch=batch, policy=policy)
     replayed = await driver.run()
-    report = compare(events, replayed, driver.report)
+    report = compare(events, replayed, driver.report, cut=cut)
     report.fillers = driver.engine.fillers
     return report

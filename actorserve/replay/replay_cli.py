@@ -143,7 +143,7 @@ def _reexecute(args: argparse.Namespace) -> int:
         if limits:
             setup = next(e for e in events if e.kind == "input" and e.event == "runtime")
             batch = dataclasses.replace(BatchConfig(**(setup.data or {})["generation"]["batch"]), **limits)
-        report = asyncio.run(reexecute(events, batch=batch))
+        report = asyncio.run(reexecute(events, batch=batch, cut=ended_in_order(header) is False))
     except (RecordingError, ValueError, StopIteration) as exc:
         print(f"cannot re-execute {args.path}: {exc or 'no runtime set-up recorded'}", file=sys.stderr)
         return 2
