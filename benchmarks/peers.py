@@ -1,0 +1,256 @@
+"""actorserve against `transformers serve --continuous-batching`: same model, same harness, same run.
+
+Each server runs in turn as a subprocess on 127.0.0.1 (a free port), on the same local HF folder
+(actorserve's converted SmolLM2-135M-Instruct unless ``--model-path``), CPU, float32,
+``OMP_WAIT_POLICY=PASSIVE``, ``HF_HUB_OFFLINE=1``. After one warm-up request each is driven with
+the same streaming ``/v1/chat/completions`` bodies (greedy, ``temperature 0``, ``max_tokens``
+64, ``stream_options.include_usage``; no vendor extras such as ``ignore_eos``, so both read the
+same request) at each ``--levels`` entry ``concurrency:requests`` (default ``1:8,32:64``).
+Measured client-side: output tokens/s over the level's wall time (tokens from ``usage``, else
+the count of content chunks), time to first content chunk p50/p95. Then the server is stopped
+(SIGTERM, bounded wait, then SIGKILL of its process group).
+
+The peer is the ``transformers`` CLI of another interpreter (``--peer-python``, a scratch venv:
+``python3 -m venv /tmp/peer && /tmp/peer/bin/pip install torch==2.13.0 'transformers[serving]'``);
+if it is missing or does not come up, the JSON says so under ``peer.error`` and the ratios are
+null.
+
+Prints one JSON line (``--json``) or a short table, with ``ratios``: actorserve/peer tok/s and
+peer/actorserve TTFT p95, per level (above 1 is actorserve ahead in both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import aiohttp  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serverproc import free_port, stop_server, wait_up  # noqa: E402
+
+TOPICS = ["the sea", "a robot", "autumn", "a lighthouse", "bread", "mountains", "a cat", "the moon"]
+
+
+def prompt_messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Request {i}: write a short story about {TOPICS[i % len(TOPICS)]}."}]
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def one_request(http: aiohttp.ClientSession, url: str, model: str, i: int, max_tokens: int,
+                      timeout: float) -> dict[str, Any]:
+    body = {"model": model, "messages": prompt_messages(i), "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    ttft = None
+    chunks = 0
+    usage = None
+    text: list[str] = []
+    finish = None
+    async with http.post(url + "/v1/chat/completions", json=body,
+                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            msg = json.loads(line[6:])
+            if msg.get("usage"):
+                usage = msg["usage"].get("completion_tokens")
+            for choice in msg.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    chunks += 1
+                    text.append(piece)
+                finish = choice.get("finish_reason") or finish
+    return {"ttft": ttft, "tokens": usage if usage is not None else chunks, "chunks": chunks,
+            "usage": usage, "text": "".join(text), "finish": finish}
+
+
+async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with aiohttp.ClientSession() as http:
+        await one_request(http, url, model, 10_000, args.max_tokens, args.request_timeout)  # warm-up
+        for concurrency, requests in args.levels:
+            sem = asyncio.Semaphore(concurrency)
+
+            async def bounded(i: int) -> dict[str, Any]:
+                async with sem:
+                    return await one_request(http, url, model, i, args.max_tokens, args.request_timeout)
+
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*(bounded(i) for i in range(requests)), return_exceptions=True)
+            wall = time.perf_counter() - t0
+            ok = [r for r in results if isinstance(r, dict)]
+            errors = [repr(r)[:200] for r in results if not isinstance(r, dict)]
+            tokens = sum(r["tokens"] for r in ok)
+            ttfts = [r["ttft"] for r in ok if r["ttft"] is not None]
+            out[f"c{concurrency}"] = {
+                "concurrency": concurrency, "requests": requests, "ok": len(ok), "errors": errors[:3],
+                "error_count": len(errors), "wall_s": round(wall, 3), "output_tokens": tokens,
+                "content_chunks": sum(r["chunks"] for r in ok),
+                "finish_length": sum(1 for r in ok if r["finish"] == "length"),
+                "tokens_per_s": round(tokens / wall, 2) if wall > 0 else None,
+                "ttft_p50_ms": round(pct(ttfts, 0.5) * 1e3, 1) if ttfts else None,
+                "ttft_p95_ms": round(pct(ttfts, 0.95) * 1e3, 1) if ttfts else None,
+                "_texts": [r["text"] for r in ok] if len(ok) == requests else None,
+            }
+    return out
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM and a bounded wait (serverproc.stop_server), then SIGKILL whatever is left of its group."""
+    try:
+        stop_server(proc)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def run_one(name: str, cmd: list[str], model: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    port = free_port()
+    cmd = [c.replace("{port}", str(port)) for c in cmd]
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
+    result: dict[str, Any] = {"cmd": " ".join(cmd)}
+    with open(log, "w") as logf:
+        try:
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True, cwd=args.cwd)
+        except OSError as e:
+            return {**result, "error": f"could not start: {e}"}
+        try:
+            url = f"http://127.0.0.1:{port}"
+            t0 = time.perf_counter()
+            asyncio.run(wait_up(url, proc, timeout=args.start_timeout))
+            result["startup_s"] = round(time.perf_counter() - t0, 2)
+            result.update(asyncio.run(drive(url, model, args)))
+        except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not raised
+            tail = log.read_text(errors="replace")[-600:] if log.exists() else ""
+            result["error"] = f"{type(e).__name__}: {e}"
+            result["log_tail"] = tail
+        finally:
+            kill_group(proc)
+    print(f"# {name}: done ({log})", file=sys.stderr)
+    return result
+
+
+def parse_levels(s: str) -> list[tuple[int, int]]:
+    return [(int(c), int(n)) for c, n in (part.split(":") for part in s.split(","))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--peer-python", default="/tmp/peer/bin/python",
+                   help="interpreter of the venv with transformers[serving] (the peer)")
+    p.add_argument("--peer-cli", default=None,
+                   help="transformers CLI script (default: beside --peer-python)")
+    p.add_argument("--model-path", default=None,
+                   help="local HF folder (default: actorserve's converted 'default' model)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--levels", type=parse_levels, default=parse_levels("1:8,32:64"),
+                   help="concurrency:requests,... (default 1:8,32:64)")
+    p.add_argument("--request-timeout", type=float, default=600)
+    p.add_argument("--start-timeout", type=float, default=300)
+    p.add_argument("--only", choices=["actorserve", "peer"], default=None)
+    p.add_argument("--log-dir", default="/tmp")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    args.cwd = str(Path(__file__).resolve().parent.parent)
+
+    if args.model_path is None:
+        from actorserve.engine.models import resolve_model
+        args.model_path = str(resolve_model("default"))
+    model_path = str(Path(args.model_path).resolve())
+    cli = args.peer_cli or str(Path(args.peer_python).parent / "transformers")
+    log_dir = Path(args.log_dir)
+
+    setup = {"model_path": model_path, "max_tokens": args.max_tokens, "cores": os.cpu_count(),
+             "levels": [f"c={c} n={n}" for c, n in args.levels], "device": "cpu", "dtype": "float32",
+             "OMP_WAIT_POLICY": "PASSIVE"}
+    out: dict[str, Any] = {"bench": "peers", "setup": setup}
+
+    if args.only != "peer":
+        out["actorserve"] = run_one(
+            "actorserve",
+            [sys.executable, "-m", "actorserve.cli", "serve", "--model", "default", "--host", "127.0.0.1",
+             "--port", "{port}", "--embedding-model", "none"],
+            "default", args, log_dir / "peers_actorserve.log")
+    if args.only != "actorserve":
+        if not Path(args.peer_python).exists() or not Path(cli).exists():
+            out["peer"] = {"error": f"peer not installed: {args.peer_python} / {cli} missing"}
+        else:
+            try:
+                ver = subprocess.run([args.peer_python, "-c", "import transformers, torch; "
+                                      "print(transformers.__version__, torch.__version__)"],
+                                     capture_output=True, text=True, timeout=120).stdout.split()
+            except subprocess.TimeoutExpired:
+                ver = []
+            setup["peer_versions"] = {"transformers": ver[0] if ver else None,
+                                      "torch": ver[1] if len(ver) > 1 else None}
+            out["peer"] = run_one(
+                "peer",
+                [args.peer_python, cli, "serve", "--continuous-batching", "--host", "127.0.0.1",
+                 "--port", "{port}", "--device", "cpu", "--dtype", "float32", "--log-level", "warning",
+                 model_path],
+                model_path, args, log_dir / "peers_transformers.log")
+        out["peer"]["name"] = "transformers serve --continuous-batching"
+
+    ratios: dict[str, Any] = {}
+    a, b = out.get("actorserve", {}), out.get("peer", {})
+    for c, _ in args.levels:
+        key = f"c{c}"
+        ra, rb = a.get(key) or {}, b.get(key) or {}
+        tps = (ra["tokens_per_s"] / rb["tokens_per_s"]
+               if ra.get("tokens_per_s") and rb.get("tokens_per_s") else None)
+        ttft = (rb["ttft_p95_ms"] / ra["ttft_p95_ms"]
+                if ra.get("ttft_p95_ms") and rb.get("ttft_p95_ms") else None)
+        ta, tb = ra.pop("_texts", None), rb.pop("_texts", None)
+        same = (sum(x == y for x, y in zip(ta, tb)) if ta is not None and tb is not None else None)
+        ratios[key] = {"tokens_per_s_actorserve_over_peer": round(tps, 3) if tps else None,
+                       "ttft_p95_peer_over_actorserve": round(ttft, 3) if ttft else None,
+                       "same_greedy_text": f"{same}/{len(ta)}" if same is not None else None}
+    out["ratios"] = ratios
+
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{'server':<12}{'level':>6}{'tok/s':>10}{'ttft_p50_ms':>13}{'ttft_p95_ms':>13}")
+        for name in ("actorserve", "peer"):
+            for c, _ in args.levels:
+                r = (out.get(name) or {}).get(f"c{c}") or {}
+                print(f"{name:<12}{'c' + str(c):>6}{r.get('tokens_per_s')!s:>10}"
+                      f"{r.get('ttft_p50_ms')!s:>13}{r.get('ttft_p95_ms')!s:>13}")
+            if (out.get(name) or {}).get("error"):
+                print(f"{name}: {out[name]['error']}")
+        print(json.dumps(ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
