@@ -38,7 +38,7 @@ from typing import IO, Any, Callable
 
 import aiohttp
 
-from .supervisor import Replica, ReplicaState, _signal_group, _spawn, free_port, router_argv
+from .supervisor import Replica, ReplicaState, RouterFleet, _spawn, free_port, router_argv
 
 POLL_S = 0.5
 CALL_TIMEOUT_S = 2.0
@@ -107,7 +107,7 @@ def _ray_join(address: str) -> bool:
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-class RayFleet:
+class RayFleet(RouterFleet):
     """The same surface as `supervisor.Fleet` (the front uses it unchanged), over Ray actors."""
 
     def __init__(self, serve_args: Callable[[int], list[str]], replicas: int, policy: str, *,
@@ -127,13 +127,6 @@ class RayFleet:
         self.head: subprocess.Popen | None = None      # the private cluster, when the fleet made one
         self.head_dir: str | None = None
         self._http: aiohttp.ClientSession | None = None
-
-    @property
-    def router_url(self) -> str:
-        return f"http://127.0.0.1:{self.router_port}"
-
-    def live(self) -> list[Replica]:
-        return [r for r in self.replicas if r.state is ReplicaState.ready]
 
     # -- start --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -291,15 +284,7 @@ class RayFleet:
                 ray.kill(h, no_restart=True)
         for r in self.replicas:
             r.state = ReplicaState.stopped
-        _signal_group(self.router, signal.SIGTERM)
-        if self.router is not None:
-            try:
-                await asyncio.to_thread(self.router.wait, 5)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.router, signal.SIGKILL)
-                self.router.wait()
-        if self._http is not None:
-            await self._http.close()
+        await self._stop_router()
         if ray.is_initialized():
             ray.shutdown()
         if self.head is not None:                  # the private cluster: its whole group

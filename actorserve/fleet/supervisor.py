@@ -109,7 +109,35 @@ def router_argv(urls: list[str], port: int, policy: str) -> list[str]:
             "--log-level", "warn"]
 
 
-class Fleet:
+class RouterFleet:
+    """What every fleet has: its replicas and the router in front (the front reads these)."""
+
+    replicas: list[Replica]
+    router_port: int
+    router: subprocess.Popen | None
+    _http: aiohttp.ClientSession | None
+
+    @property
+    def router_url(self) -> str:
+        return f"http://127.0.0.1:{self.router_port}"
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.state is ReplicaState.ready]
+
+    async def _stop_router(self) -> None:
+        """SIGTERM to the router, SIGKILL after 5 s; then the fleet's HTTP client."""
+        _signal_group(self.router, signal.SIGTERM)
+        if self.router is not None:
+            try:
+                await asyncio.to_thread(self.router.wait, 5)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.router, signal.SIGKILL)
+                self.router.wait()
+        if self._http is not None:
+            await self._http.close()
+
+
+class Fleet(RouterFleet):
     """Replicas, the router, and the loop that keeps the replicas up."""
 
     def __init__(self, serve_argv: Callable[[int, int], list[str]], replicas: int, policy: str,
@@ -127,13 +155,6 @@ class Fleet:
         self.on_restart: list[Callable[[Replica], None]] = []   # e.g. forget its sessions
         self._stopping = False
         self._http: aiohttp.ClientSession | None = None
-
-    @property
-    def router_url(self) -> str:
-        return f"http://127.0.0.1:{self.router_port}"
-
-    def live(self) -> list[Replica]:
-        return [r for r in self.replicas if r.state is ReplicaState.ready]
 
     # -- start --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -226,12 +247,4 @@ class Fleet:
             if r.proc is not None:
                 r.proc.wait()
             r.state = ReplicaState.stopped
-        _signal_group(self.router, signal.SIGTERM)
-        if self.router is not None:
-            try:
-                self.router.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.router, signal.SIGKILL)
-                self.router.wait()
-        if self._http is not None:
-            await self._http.close()
+        await self._stop_router()
