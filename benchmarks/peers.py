@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start-timeout", type=float, default=300)
     p.add_argument("--only", choices=["actorserve", "peer"], default=None)
     p.add_argument("--log-dir", default="/tmp")
+    p.add_argument("--actorserve-dtype", default="float32",
+                   help="actorserve's --dtype (default float32, the peer's; auto picks bfloat16 on a "
+                        "CPU with avx512_bf16/AMX, which is then not the same arithmetic)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     args.cwd = str(Path(__file__).resolve().parent.parent)
@@ -192,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
     setup = {"model_path": model_path, "max_tokens": args.max_tokens, "cores": os.cpu_count(),
              "levels": [f"c={c} n={n}" for c, n in args.levels], "device": "cpu", "dtype": "float32",
+             "actorserve_dtype": args.actorserve_dtype,
              "OMP_WAIT_POLICY": "PASSIVE"}
     out: dict[str, Any] = {"bench": "peers", "setup": setup}
 
@@ -199,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         out["actorserve"] = run_one(
             "actorserve",
             [sys.executable, "-m", "actorserve.cli", "serve", "--model", "default", "--host", "127.0.0.1",
-             "--port", "{port}", "--embedding-model", "none"],
+             "--port", "{port}", "--embedding-model", "none", "--dtype", args.actorserve_dtype],
             "default", args, log_dir / "peers_actorserve.log")
     if args.only != "actorserve":
         if not Path(args.peer_python).exists() or not Path(cli).exists():
