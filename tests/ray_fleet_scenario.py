@@ -105,9 +105,23 @@ async def scenario(url: str, out: dict) -> None:
         out["traffic_after"] = await mixed(http, url, 12)
 
 
+def too_big(out: dict) -> None:
+    """A fleet asking more CPUs than the private cluster has fails at once, saying why."""
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "actorserve.cli", "fleet", "--ray", "auto",
+                        "--replicas", "3", "--ray-cpus", str(os.cpu_count() or 1), "--model", "tiny"],
+                       capture_output=True, timeout=180)
+    out["too_big"] = {"exit_code": r.returncode, "s": round(time.monotonic() - t0, 1),
+                      "stderr": r.stderr.decode(errors="replace")[-600:]}
+
+
 def main() -> int:
     out_path, port = sys.argv[1], int(sys.argv[2])
     out: dict = {}
+    try:
+        too_big(out)
+    except subprocess.TimeoutExpired:
+        out["too_big"] = {"exit_code": None}
     log = open(out_path + ".log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "actorserve.cli", "fleet", "--ray", "auto", "--replicas", "2",

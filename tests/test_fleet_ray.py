@@ -109,6 +109,14 @@ def test_sigterm_stops_the_fleet_and_its_private_cluster(ray_run):
     assert seen["leftovers"] == []          # no Ray daemon outlives the fleet that started it
 
 
+def test_a_fleet_the_private_cluster_cannot_place_fails_at_once(ray_run):
+    seen, _ = ray_run
+    big = seen["too_big"]
+    assert big["exit_code"] == 1, big
+    assert "cannot all be placed" in big["stderr"] and "CPU" in big["stderr"], big["stderr"]
+    assert big["s"] < 120                     # not the 300 s placement timeout
+
+
 def test_replica_and_head_command_lines():
     """No namespace needed: what each Ray replica is told to serve (the fleet's own options
     stay with the fleet) and the private head (every port it would take by default is free)."""

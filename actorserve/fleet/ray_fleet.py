@@ -137,6 +137,14 @@ class RayFleet(RouterFleet):
 
         from .ray_replica import ReplicaServer
 
+        have = ray.cluster_resources()
+        need = {"CPU": self.cpus * len(self.replicas), "GPU": self.gpus * len(self.replicas)}
+        short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0)}
+        if short and self.head is not None:   # a private cluster never grows: say so now
+            raise RuntimeError("the replicas cannot all be placed: " + ", ".join(
+                f"{len(self.replicas)} x {need[k] / len(self.replicas):g} {k} = {v:g} asked, "
+                f"the cluster has {h:g}" for k, (v, h) in short.items())
+                + " (lower --ray-cpus / --ray-gpus or --replicas)")
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3))
         self.router = _spawn(router_argv([], self.router_port, self.policy), self.log)
         await self._await_router()
