@@ -1,6 +1,6 @@
 """`HFFallbackRunner`: any causal LM through its plain HF forward and HF's own KV cache.
 
-The families the paged runner does not drive (`engine.families`: GPT-2, GPT-NeoX, Gemma2,
+The families the paged runner does not drive (`engine.families`: GPT-2, GPT-NeoX, Gemma3,
 ...) run here, one sequence at a time. Each sequence keeps a `transformers.DynamicCache`
 across steps (``_caches``, dropped on `release`) together with the token ids whose K/V it
 holds; a step feeds the model only the member's new tokens ``[held, num_computed + n)``, so a

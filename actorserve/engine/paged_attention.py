@@ -118,16 +118,6 @@ class StepPlan:
         return self.input_ids.numel()
 
 
-def token_slice(seq: Sequence, start: int, n: int) -> list[int]:
-    """``seq.token_ids()[start:start + n]`` without building the whole list."""
-    p = len(seq.prompt_ids)
-    if start + n <= p:
-        return seq.prompt_ids[start:start + n]
-    if start >= p:
-        return seq.output_ids[start - p:start - p + n]
-    return seq.prompt_ids[start:] + seq.output_ids[:start + n - p]
-
-
 def plan_step(batch: list[tuple[Sequence, int]], block_size: int, group: int) -> StepPlan:
     """Lay out one step: flat tokens, their slots, and the attention groups."""
     bs = block_size
@@ -150,7 +140,7 @@ def plan_step(batch: list[tuple[Sequence, int]], block_size: int, group: int) ->
         if len(table) * bs < end:
             raise ValueError(f"{seq!r}: block table covers {len(table) * bs} tokens, step needs {end}")
         row = len(ids)
-        ids.extend(token_slice(seq, start, n))
+        ids.extend(seq.token_slice(start, end))
         if n == 1:
             pos.append(start)
             slots.append(table[start // bs] * bs + start % bs)

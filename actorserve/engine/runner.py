@@ -5,10 +5,11 @@ Gemma, Gemma2, Phi-3: the same module tree ``model.embed_tokens / layers[i].{inp
 self_attn, post_attention_layernorm, mlp} / norm / rotary_emb`` and ``lm_head``; what differs
 between them, fused projections, per-head q/k norms, Gemma2's extra norms and soft-capping,
 is in `families`). It does not copy or re-implement the weights: each step calls the HF
-submodules (linear layers, RMSNorm, MLP, rotary embedding) directly and replaces only what HF does per request, i.e. the KV cache
-and the attention over it, with the paged version in `paged_attention`. So any member can
-join or leave any step, prefill chunks mix with decodes, and a prefix-cache hit simply means
-the first ``num_computed`` tokens already sit in the slots the block table names.
+submodules (linear layers, RMSNorm, MLP, rotary embedding) directly and replaces only what
+HF does per request, i.e. the KV cache and the attention over it, with the paged version in
+`paged_attention`. So any member can join or leave any step, prefill chunks mix with
+decodes, and a prefix-cache hit simply means the first ``num_computed`` tokens already sit
+in the slots the block table names.
 
 One step (``execute``): plan the flat batch, embed, then per layer norm -> q/k/v -> RoPE ->
 write K/V into the slots -> paged attention -> o_proj + residual -> MLP + residual; at the
@@ -39,11 +40,11 @@ from .families import PAGED_MODEL_TYPES, Family, apply_rope, family_of, project_
 from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
 from .sequence import Sequence
 
-if TYPE_CHECKING:
-    from .hf_fallback import HFFallbackRunner
-
 __all__ = ["PAGED_MODEL_TYPES", "HFFallbackRunner", "PagedLlamaRunner", "build_engine",
            "engine_info", "supports_paged"]
+
+if TYPE_CHECKING:
+    from .hf_fallback import HFFallbackRunner
 
 Sampler = Callable[[torch.Tensor, list[Sequence]], list[tuple[int, float, list[tuple[int, float]] | None]]]
 
@@ -276,8 +277,8 @@ def build_engine(model: Any, **kw: Any) -> PagedLlamaRunner | HFFallbackRunner:
 
 
 def __getattr__(name: str) -> Any:
-    """``HFFallbackRunner`` lives in `hf_fallback` (which imports this module); still
-    importable from here."""
+    """``HFFallbackRunner`` lives in `hf_fallback` (which imports this module, so it cannot be
+    imported here at load time in either order); still importable from here."""
     if name == "HFFallbackRunner":
         from .hf_fallback import HFFallbackRunner
         return HFFallbackRunner

@@ -46,7 +46,6 @@ CALL_TIMEOUT_S = 2.0
 
 @dataclass(slots=True)
 class RayReplica(Replica):
-    host: str = "127.0.0.1"
     handle: Any = None               # the Ray actor handle
     worker_id: str | None = None     # the router's id for the registered URL
     incarnation: str | None = None
@@ -55,14 +54,8 @@ class RayReplica(Replica):
     placement: dict[str, float] | None = None
     pid: int | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
     def info(self) -> dict[str, object]:
-        return {"index": self.index, "name": self.name, "url": self.url if self.port else None,
-                "state": self.state.value, "pid": self.pid, "restarts": self.restarts,
-                "ready_at": self.ready_at, "died_at": self.died_at,
+        return {**Replica.info(self), "url": self.url if self.port else None, "pid": self.pid,
                 "ray": {"actor_id": self.actor_id, "node_id": self.node_id,
                         "incarnation": self.incarnation, "resources": self.placement}}
 

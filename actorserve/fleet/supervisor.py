@@ -71,10 +71,11 @@ class Replica:
     died_at: float | None = None
     backoff: Backoff = field(default_factory=Backoff)
     name: str = ""                     # its --replica-id (r<i>), which its response ids carry
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def info(self) -> dict[str, object]:
         return {"index": self.index, "name": self.name, "url": self.url, "state": self.state.value,

@@ -16,6 +16,7 @@ models served here are text models, and a field that is accepted has its effect.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
@@ -30,6 +31,7 @@ def new_id(prefix: str) -> str:
 
 
 _PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+_NAMED_ID = re.compile(r"resp_((?:[A-Za-z0-9-]|\.[0-9a-f]{2})+)_[0-9a-f]+")
 
 
 def response_id(replica: str | None = None) -> str:
@@ -45,29 +47,14 @@ def response_id(replica: str | None = None) -> str:
 
 def replica_of(rid: str) -> str | None:
     """The replica id in a `response_id` (None: it names none, or is not one of ours)."""
-    head, _, rest = rid.partition("_")
-    name, sep, tail = rest.rpartition("_")
-    if head != "resp" or not sep or not name or not tail or not _is_hex(tail):
+    m = _NAMED_ID.fullmatch(rid)
+    if m is None:
         return None
-    raw, i = bytearray(), 0
-    while i < len(name):
-        b = ord(name[i])
-        if name[i] == "." and _is_hex(name[i + 1:i + 3]) and len(name[i + 1:i + 3]) == 2:
-            raw.append(int(name[i + 1:i + 3], 16))
-            i += 3
-        elif b < 128 and b in _PLAIN:
-            raw.append(b)
-            i += 1
-        else:
-            return None
+    raw = re.sub(rb"\.([0-9a-f]{2})", lambda g: bytes.fromhex(g[1].decode()), m[1].encode())
     try:
         return raw.decode()
     except UnicodeDecodeError:
         return None
-
-
-def _is_hex(s: str) -> bool:
-    return bool(s) and all(c in "0123456789abcdef" for c in s)
 
 
 def _text_of(content: Any, at: str) -> str:
