@@ -142,6 +142,7 @@ class TokenOut:
     matched: int | str | None = None     # with stop: the stop token id or stop string that ended it
     ids_logprobs: list[tuple[int, float]] | None = None   # SamplingParams.token_ids_logprob
     prompt_logprobs: Any = None          # engine.base.PromptLogprobs, with the first token
+    spec: tuple[int, int] | None = None  # first token of a speculative step: (verified, accepted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +214,8 @@ class TokenItem:
     finish_reason: str | None = None
     ids_logprobs: list[tuple[int, float]] | None = None
     prompt_logprobs: Any = None          # engine.base.PromptLogprobs, with the first token
+    # The first token of a speculative step: (drafts verified, drafts accepted) in that step
+    spec: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +233,7 @@ class OutputsDone:
     stopped: tuple[str, ...]
     failed: tuple[str, ...] = ()      # its output failed in the stage (the stage told the actor)
     error: BaseException | None = None
+    dropped: int = 0                  # tokens after a finish in the same step (speculation): not output
 
 
 # -- scheduler -> itself --------------------------------------------------------------------------
@@ -275,6 +279,9 @@ class RequestOutput:
     # pooling: "queued", "forward"), from its state machine's transitions on the runtime clock.
     timings: dict[str, float] | None = None
     prompt_logprobs: Any = None          # engine.base.PromptLogprobs, on the first token's output
+    # On the finished output of a request that speculated: (verify steps, drafts verified,
+    # drafts accepted); None if it never did.
+    spec: tuple[int, int, int] | None = None
 
 
 # -- control actor internals ----------------------------------------------------------------------

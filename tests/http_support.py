@@ -42,14 +42,14 @@ def load_smol() -> tuple[Any, Any, Any]:
 async def serve(tiny: tuple[Any, Any, Any], *, api_key: str | None = None, kv_blocks: int = 64,
                 max_body_bytes: int = 8 << 20, name: str = NAME,
                 debug_routes: bool = False,
-                record_path: Any = None, responses_store: int = 1000,
+                record_path: Any = None, responses_store: int = 1000, batch: BatchConfig | None = None,
                 **server_kw: Any) -> AsyncIterator[tuple[TestClient, Runtime]]:
     """``server_kw``: more `ServerConfig` fields (metrics_names, metrics_auth, ...)."""
     from actorserve.engine.runner import build_engine
 
     model, hf_tok, tok = tiny
     engine = build_engine(model, num_blocks=kv_blocks, block_size=16, tokenizer=hf_tok, model_name=name)
-    rt = Runtime(engine, config=SchedulerConfig(batch=BatchConfig(), step_in_thread=True,
+    rt = Runtime(engine, config=SchedulerConfig(batch=batch or BatchConfig(), step_in_thread=True,
                                                 responses_store=responses_store),
                  recorder=FlightRecorder(capacity=100_000, lifecycles=LIFECYCLES.values(), path=record_path))
     config = ServerConfig(api_key=api_key, max_body_bytes=max_body_bytes,

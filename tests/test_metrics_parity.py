@@ -37,6 +37,9 @@ VLLM = {
     "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram",
     "vllm:request_inference_time_seconds": "histogram", "vllm:request_prefill_time_seconds": "histogram",
     "vllm:request_decode_time_seconds": "histogram",
+    # vllm/v1/spec_decode/metrics.py (SpecDecodingProm): the speculative decoding counters
+    "vllm:spec_decode_num_drafts": "counter", "vllm:spec_decode_num_draft_tokens": "counter",
+    "vllm:spec_decode_num_accepted_tokens": "counter",
 }
 # What vLLM's dashboard queries: examples/online_serving/prometheus_grafana/grafana.json at
 # e88892c9080b29aa3dbc1d1096ba719ab0886163 (family names), and what of it actorserve leaves out

@@ -31,21 +31,26 @@ from actorserve.messages import (
 from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder, read_all_parts, read_recording
 from actorserve.replay.reexec import RecordingError, reexecute, steps_of
+from actorserve.replay.stats import speculation
 from actorserve.statemachines import LIFECYCLES
 
 BATCH = BatchConfig(max_num_seqs=48, max_batch_tokens=256, max_prefill_chunk=32)
 
 
 async def chaos(path, *, seed: int, in_thread: bool, n: int = 1000, max_bytes: int = 1 << 30,
-                backups: int = 3) -> Counter:
-    """Run the chaos workload with a recorder writing `path`; return what the clients saw."""
+                backups: int = 3, spec: bool = False) -> Counter:
+    """Run the chaos workload with a recorder writing `path`; return what the clients saw.
+    `spec`: with n-gram speculation, greedy requests and a fake model whose outputs loop."""
     rng = random.Random(seed)
     clock = ManualClock()
     rec = FlightRecorder(path=path, clock=clock, capacity=2_000_000, max_bytes=max_bytes,
                          backups=backups, lifecycles=LIFECYCLES.values())
-    cfg = SchedulerConfig(batch=BATCH, step_in_thread=in_thread, watchdog_timeout_s=5.0,
+    batch = dataclasses.replace(BATCH, speculative="ngram", speculative_max_batch=48) if spec else BATCH
+    cfg = SchedulerConfig(batch=batch, step_in_thread=in_thread, watchdog_timeout_s=5.0,
                           pool_batch_wait_s=0.005)
-    rt = Runtime(FakeEngine(num_blocks=512, block_size=4, keep_history=False), config=cfg,
+    greedy = {"temperature": 0.0} if spec else {}
+    rt = Runtime(FakeEngine(num_blocks=512, block_size=4, keep_history=False, alphabet=5 if spec else None),
+                 config=cfg,
                  clock=clock, recorder=rec,
                  pooling_engines={"embed": FakeEngine(num_blocks=256, block_size=4, keep_history=False)})
     await rt.start()
@@ -79,7 +84,7 @@ async def chaos(path, *, seed: int, in_thread: bool, n: int = 1000, max_bytes: i
         elif r < 0.25:
             handles.append(rt.pool(prompt, PoolingParams(task="score")))
         else:
-            handles.append(rt.generate(prompt, SamplingParams(max_new_tokens=rng.randrange(1, 16)),
+            handles.append(rt.generate(prompt, SamplingParams(max_new_tokens=rng.randrange(1, 16), **greedy),
                                        detokenizer=FakeDetokenizer(stop=("<5",) if i % 7 == 0 else ())))
         r = rng.random()
         if r < 0.10:
@@ -120,10 +125,10 @@ async def chaos(path, *, seed: int, in_thread: bool, n: int = 1000, max_bytes: i
     return seen
 
 
-@pytest.mark.parametrize("in_thread,seed", [(False, 11), (True, 12)])
-async def test_chaos_recording_replays_clean_and_reexecutes_step_for_step(tmp_path, in_thread, seed):
+@pytest.mark.parametrize("in_thread,seed,spec", [(False, 11, False), (True, 12, False), (True, 13, True)])
+async def test_chaos_recording_replays_clean_and_reexecutes_step_for_step(tmp_path, in_thread, seed, spec):
     path = tmp_path / "chaos.jsonl"
-    seen = await chaos(path, seed=seed, in_thread=in_thread)
+    seen = await chaos(path, seed=seed, in_thread=in_thread, spec=spec)
     header, events = read_recording(path)
     assert header["format"] == "actorserve-recording/1"
     report = check(events)
@@ -142,6 +147,9 @@ async def test_chaos_recording_replays_clean_and_reexecutes_step_for_step(tmp_pa
             "OpenSession", "CloseSession"} <= set(ops), ops
     assert seen["abort"] > 0 and seen["length"] > 0 and seen["session:length"] > 0 and seen["health:True"] > 0
     assert any(e.kind == "detok" for e in events)          # a stop string ended some request
+    if spec:                       # drafts verified, some accepted, among all the chaos
+        drafted = speculation(events)
+        assert drafted is not None and drafted["accepted_tokens"] > 0, drafted
 
     rx = await reexecute(events)
     assert rx.ok, rx.format()

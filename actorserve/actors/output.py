@@ -35,11 +35,12 @@ from .actor import Actor, handles
 
 
 class _Tracked:
-    __slots__ = ("actor", "detok")
+    __slots__ = ("actor", "detok", "tokens")
 
     def __init__(self, actor: Actor, detok: Any) -> None:
         self.actor = actor
         self.detok = detok
+        self.tokens = 0          # tokens of this request seen here
 
 
 class OutputStage(Actor):
@@ -60,17 +61,21 @@ class OutputStage(Actor):
         self.tracked.pop(msg.rid, None)
 
     @handles(StepOutputs)
-    def _step(self, msg: StepOutputs) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Answers (rids finished on a stop string, rids whose output failed here). A
-        detokenizer that raises fails its own request only; the others go on."""
+    def _step(self, msg: StepOutputs) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+        """Answers (rids finished on a stop string, rids whose output failed here, how many
+        tokens came after a request's finish in this step: a speculative step's tokens past a
+        stop string, never output). A detokenizer that raises fails its own request only."""
         stopped: list[str] = []
         failed: list[str] = []
+        dropped = 0
         rec = self.system.recorder if self.system is not None else None
         tracked = self.tracked
         for item in msg.items:
             t = tracked.get(item.rid)
             if t is None:
-                continue           # aborted or released while its step ran
+                if item.rid in stopped:
+                    dropped += 1
+                continue           # aborted or released while its step ran, or ended just now
             try:
                 text, finish, matched = self._detokenize(t, item, rec)
             except Exception as exc:
@@ -87,14 +92,15 @@ class OutputStage(Actor):
             if t.actor.alive:
                 t.actor.tell(TokenOut(item.rid, item.token_id, item.logprob, item.top_logprobs,
                                       finish, text, matched, ids_logprobs=item.ids_logprobs,
-                                      prompt_logprobs=item.prompt_logprobs))
-        return tuple(stopped), tuple(failed)
+                                      prompt_logprobs=item.prompt_logprobs, spec=item.spec))
+        return tuple(stopped), tuple(failed), dropped
 
     def _detokenize(self, t: _Tracked, item: Any, rec: Any) -> tuple[str, str | None, int | str | None]:
         """(stable text, finish reason, what matched a ``stop``)."""
         detok = t.detok
         finish = item.finish_reason
         self.tokens += 1
+        t.tokens += 1
         matched: int | str | None = item.token_id if finish == "stop" else None
         if detok is None:
             return "", finish, matched
@@ -104,8 +110,8 @@ class OutputStage(Actor):
         if finish is None and detok.stopped:
             finish, matched = "stop", detok.stopped
             self.stop_strings += 1
-            if rec is not None:    # the detokenizer's verdict: re-execution plays it back
-                rec.note("detok", "stop_string", rid=item.rid)
+            if rec is not None:    # the detokenizer's verdict, at its n-th token: re-execution plays it back
+                rec.note("detok", "stop_string", rid=item.rid, data={"at": t.tokens})
         if finish is not None:
             text += detok.finish()
         return text, finish, matched
@@ -139,6 +145,6 @@ class OutputStage(Actor):
 def outputs_done(step: int):  # type: ignore[no-untyped-def]
     """How the scheduler wraps the stage's answer (a pipe's `wrap`)."""
     def wrap(res: Any, err: BaseException | None) -> OutputsDone:
-        stopped, failed = res if res is not None else ((), ())
-        return OutputsDone(step, stopped, failed, err)
+        stopped, failed, dropped = res if res is not None else ((), (), 0)
+        return OutputsDone(step, stopped, failed, err, dropped)
     return wrap

@@ -108,7 +108,7 @@ class OutputStream:
         lps = [lp for it in items if it.logprobs for lp in it.logprobs]
         merged.logprobs = lps if lps or items[0].logprobs is not None else None
         for f in ("finished", "finish_reason", "error", "pooled", "prompt_tokens",
-                  "completion_tokens", "cached_tokens", "matched_stop", "aborted_in"):
+                  "completion_tokens", "cached_tokens", "matched_stop", "aborted_in", "spec"):
             setattr(merged, f, getattr(last, f))
         merged.timings = last.timings
         return merged
@@ -232,7 +232,7 @@ class RequestActor(Actor):
 
 
 class GenerationActor(RequestActor):
-    __slots__ = ("want_logprobs", "completion_tokens", "session", "out_ids")
+    __slots__ = ("want_logprobs", "completion_tokens", "session", "out_ids", "spec")
     lifecycle = GENERATION
 
     def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
@@ -244,6 +244,7 @@ class GenerationActor(RequestActor):
         # (session actor, session id): told `SessionEnd` with the output ids when the request ends
         self.session = session
         self.out_ids: list[int] | None = [] if session is not None else None
+        self.spec: tuple[int, int, int] | None = None    # (verify steps, drafts, accepted)
 
     def _final(self, item: RequestOutput) -> None:
         if self.session is not None:
@@ -255,6 +256,7 @@ class GenerationActor(RequestActor):
 
     def _fill_usage(self, item: RequestOutput) -> None:
         item.completion_tokens = self.completion_tokens
+        item.spec = self.spec
 
     @handles(PrefillProgress)
     def _progress(self, msg: PrefillProgress) -> None:
@@ -268,6 +270,9 @@ class GenerationActor(RequestActor):
             assert self.system is not None
             self.t_first = self.system.clock.now()
         self.completion_tokens += 1
+        if msg.spec is not None:
+            steps, drafts, accepted = self.spec or (0, 0, 0)
+            self.spec = (steps + 1, drafts + msg.spec[0], accepted + msg.spec[1])
         if self.out_ids is not None:
             self.out_ids.append(msg.token_id)
         lp = [(msg.token_id, msg.logprob, msg.top_logprobs, msg.ids_logprobs)] if self.want_logprobs else None

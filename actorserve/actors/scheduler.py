@@ -25,6 +25,8 @@ Pause, continue, flush and idle waits are in `scheduler_control.py` (the `Schedu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 from typing import Any
 
 from ..engine.base import Engine
@@ -44,11 +46,15 @@ from .output import outputs_done
 from .scheduler_control import SchedulerControl
 
 K = SchedulerState
+log = logging.getLogger("actorserve.scheduler")
 
 
 def _answer(o: Any) -> list[Any]:
     """What the recording keeps of one member's answer: ``[rid, token | "pooled"]``, and the
-    engine's own verdict when it gave one (``"stop"``: its grammar ended; ``{"error": ...}``)."""
+    engine's own verdict when it gave one (``"stop"``: its grammar ended; ``{"error": ...}``).
+    A speculating member's is ``[rid, [token, ...]]``: every token its step yielded."""
+    if o.seq.draft and o.token_id is not None:
+        return [o.seq.rid, [o.token_id] + [m.token_id for m in o.extra]]
     entry = [o.seq.rid, "pooled" if o.pooled is not None else o.token_id]
     if o.error is not None:
         entry.append({"error": o.error})
@@ -72,6 +78,10 @@ class SchedulerActor(SchedulerControl):
         self._window: Any = None             # the open window's timer
         info = engine.info
         self.bm = block_manager or BlockManager(info.num_blocks, info.block_size)
+        if batch is not None and batch.speculative and not getattr(engine, "verifies_drafts", False):
+            log.warning("%s: the engine cannot verify drafts (%s): speculative decoding is off",
+                        name, type(engine).__name__)
+            batch = dataclasses.replace(batch, speculative=None)   # what is recorded is what runs
         self.policy = BatchPolicy(batch)
         self.step_in_thread = step_in_thread
         self.probe_lane = Lane()             # waiting probes (served first), then the rest:
@@ -90,6 +100,9 @@ class SchedulerActor(SchedulerControl):
         self.generated_tokens = 0      # business traffic only: probes are not counted
         self.prompt_tokens = 0
         self.steps_done = 0            # completed model steps (the watchdog's progress signal)
+        self.spec_steps = 0            # speculative verifications (a member's step with drafts)
+        self.spec_draft_tokens = 0     # drafts proposed in them
+        self.spec_accepted_tokens = 0  # of those, confirmed by the model
         # How a step runs: None = the system's worker thread (or inline); re-execution holds
         # each step until the recording says it came back. Called (self, fn, batch, wrap=...).
         self.runner: Any = None
@@ -188,6 +201,8 @@ class SchedulerActor(SchedulerControl):
             self._start_step()
 
     def _start_step(self) -> None:
+        info = self.engine.info
+        self.policy.max_len = min(info.max_model_len, info.num_blocks * info.block_size)
         plan = self.policy.plan(self.running, [self.probe_lane, self.lane], self.bm)
         for seq in plan.retracted:
             self._tell(seq.rid, Retracted(seq.rid))
@@ -206,8 +221,11 @@ class SchedulerActor(SchedulerControl):
         self.step_id += 1
         rec = self.system.recorder if self.system is not None else None
         if rec is not None:
-            rec.note("step", "step", data={"sched": self.name, "step": self.step_id,
-                                            "batch": [[s.rid, n] for s, n in batch]})
+            data = {"sched": self.name, "step": self.step_id, "batch": [[s.rid, n] for s, n in batch]}
+            drafts = {s.rid: list(s.draft) for s, _ in batch if s.draft}
+            if drafts:                      # what each speculating member's step verifies
+                data["draft"] = drafts
+            rec.note("step", "step", data=data)
         step = self.step_id
         run = self.runner or (self.system.run_in_thread if self.step_in_thread else self.system.run_inline)
         run(self, self.engine.execute, batch, wrap=lambda res, err: self._returned(step, batch, res, err))
@@ -305,11 +323,12 @@ class SchedulerActor(SchedulerControl):
                 seq = out.seq
                 if self.seqs.get(seq.rid) is not seq:
                     continue  # aborted or released while the step ran
-                seq.num_computed += counts[id(seq)]
+                # a verified draft: the KV of the last token and of the accepted drafts is good
+                seq.num_computed += 1 + len(out.extra) if seq.draft else counts[id(seq)]
                 self.bm.commit(seq)
-                item = self._route(seq, out)
-                if item is not None:
-                    items.append(item)
+                self._routed(seq, out, items)
+        for seq, _ in batch:
+            seq.draft = []
         self.inflight = {}
         for seq in self._free_after_step:
             self.bm.free(seq)
@@ -335,6 +354,7 @@ class SchedulerActor(SchedulerControl):
                     actor = self._drop(rid)
                     if actor is not None and actor.alive:
                         actor.tell(Failed(rid, err))
+        self.generated_tokens -= msg.dropped     # counted as routed; the stage did not output them
         self._end_step(msg.stopped + msg.failed)
 
     def _end_step(self, stopped: tuple[str, ...]) -> None:
@@ -353,7 +373,25 @@ class SchedulerActor(SchedulerControl):
         if actor is not None and actor.alive:
             actor.tell(message)
 
-    def _route(self, seq: Any, out: Any) -> TokenItem | None:
+    def _routed(self, seq: Any, out: Any, items: list[TokenItem]) -> None:
+        """Route a member's output, and a speculating member's further accepted tokens one by
+        one while it goes on (a finish among them drops the rest)."""
+        spec = (len(seq.draft), len(out.extra)) if seq.draft else None
+        if spec is not None:
+            self.spec_steps += 1
+            self.spec_draft_tokens += spec[0]
+            self.spec_accepted_tokens += spec[1]
+        item = self._route(seq, out, spec)
+        if item is not None:
+            items.append(item)
+        for more in out.extra:
+            if not self._live(seq) or item is None or item.finish_reason is not None:
+                break
+            item = self._route(seq, more)
+            if item is not None:
+                items.append(item)
+
+    def _route(self, seq: Any, out: Any, spec: tuple[int, int] | None = None) -> TokenItem | None:
         """One member's output: pooled values and prefill progress go to the request actor;
         a token goes to the output stage (returned), with the scheduler's own verdict."""
         actor = self.actors[seq.rid]
@@ -378,7 +416,8 @@ class SchedulerActor(SchedulerControl):
         reason = self._finish_reason(seq, tok, out.stop)
         if reason is not None:
             self._drop(seq.rid)
-        return TokenItem(seq.rid, tok, out.logprob, out.top_logprobs, reason, out.ids_logprobs, out.prompt_logprobs)
+        return TokenItem(seq.rid, tok, out.logprob, out.top_logprobs, reason, out.ids_logprobs,
+                         out.prompt_logprobs, spec)
 
     def _finish_reason(self, seq: Any, tok: int, grammar_done: bool = False) -> str | None:
         sp = seq.sampling

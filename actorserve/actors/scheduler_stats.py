@@ -32,6 +32,14 @@ class SchedulerStats:
     pause_retractions: int = 0      # running requests retracted by pause_generation(retract)
     prefix_queries: int = 0         # tokens looked up in the prefix cache (since start)
     prefix_hits: int = 0            # of those, tokens found cached
+    spec_steps: int = 0             # speculative verifications (a member's step with drafts)
+    spec_draft_tokens: int = 0      # drafts checked in them
+    spec_accepted_tokens: int = 0   # of those, accepted
+
+    @property
+    def avg_spec_accept_length(self) -> float:
+        """Tokens a verify step yields on average (1 + accepted drafts); 0 without any."""
+        return (self.spec_steps + self.spec_accepted_tokens) / self.spec_steps if self.spec_steps else 0.0
 
 
 def stats_of(sched: Any) -> SchedulerStats:
@@ -46,4 +54,6 @@ def stats_of(sched: Any) -> SchedulerStats:
         generated_tokens=sched.generated_tokens, prompt_tokens=sched.prompt_tokens,
         isolations=sched.isolations, isolated_failures=sched.isolated_failures,
         preemptions=getattr(sched.policy, "preemptions", 0), pause_retractions=sched.pause_retractions,
-        prefix_queries=kv.prefix_queries_total, prefix_hits=kv.prefix_hits_total)
+        prefix_queries=kv.prefix_queries_total, prefix_hits=kv.prefix_hits_total,
+        spec_steps=getattr(sched, "spec_steps", 0), spec_draft_tokens=getattr(sched, "spec_draft_tokens", 0),
+        spec_accepted_tokens=getattr(sched, "spec_accepted_tokens", 0))

@@ -13,7 +13,7 @@ neither (``token_id is None and pooled is None``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from .sequence import Sequence
@@ -34,6 +34,11 @@ class SeqOutput:
     ids_logprobs: list[tuple[int, float]] | None = None
     # With the first token of a request that asked for them: its prompt's logprobs.
     prompt_logprobs: "PromptLogprobs | None" = None
+    # A speculating member (``seq.draft`` non-empty) with ``a`` drafts accepted yields ``a + 1``
+    # tokens: `token_id` (the model's token after the last known one), then `extra`, the ``a``
+    # further ones in order, each its own output with its logprobs (the model's tokens after
+    # each accepted draft; the first ``a`` tokens are the accepted drafts themselves).
+    extra: "list[SeqOutput]" = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

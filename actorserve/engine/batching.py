@@ -12,8 +12,13 @@ budget, first come first served:
    then given a chunk of the remaining budget if its blocks can be allocated. The first one
    that does not fit stops admission (no overtaking, so no starvation).
 
-`plan()` never touches a sequence's token lists; it only allocates or frees blocks and
-returns the decision.
+3. Speculative decoding (``BatchConfig.speculative``, `engine.speculative`): while at most
+   ``speculative_max_batch`` sequences run, an eligible decode gets n-gram drafts in
+   ``seq.draft`` and computes ``1 + len(draft)`` tokens, if their blocks are free without
+   retracting anyone (else it decodes one token, as without speculation).
+
+`plan()` never touches a sequence's token lists; it only allocates or frees blocks, sets the
+drafts, and returns the decision.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .lane import Lane
 from .sequence import Sequence
+from .speculative import SpecConfig, eligible, propose
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +36,23 @@ class BatchConfig:
     max_num_seqs: int = 64            # sequences in one step
     max_batch_tokens: int = 2048      # tokens computed in one step (prefill chunks + decodes)
     max_prefill_chunk: int = 512      # largest prefill chunk for one sequence in one step
+    # Speculative decoding (`engine.speculative`; flat fields, so a recording's set-up rebuilds
+    # them): None = off, "ngram" = prompt-lookup drafts of up to `speculative_tokens` a step,
+    # while at most `speculative_max_batch` sequences decode.
+    speculative: str | None = None
+    speculative_tokens: int = 4
+    speculative_max_batch: int = 8
+    speculative_min_ngram: int = 1
+    speculative_max_ngram: int = 3
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_batch_tokens, self.max_prefill_chunk) < 1:
             raise ValueError("batch limits must be >= 1")
+        self.spec_config()          # validates the speculative fields
+
+    def spec_config(self) -> SpecConfig:
+        return SpecConfig(self.speculative, self.speculative_tokens, self.speculative_max_ngram,
+                          self.speculative_min_ngram, self.speculative_max_batch)
 
 
 @dataclass(slots=True)
@@ -46,6 +65,8 @@ class Plan:
 class BatchPolicy:
     def __init__(self, config: BatchConfig | None = None) -> None:
         self.config = config or BatchConfig()
+        self.spec = self.config.spec_config()
+        self.max_len: int | None = None   # the engine's context limit (the scheduler sets it)
         self.preemptions = 0          # sequences retracted for want of KV blocks (a counter)
 
     def plan(self, running: list[Sequence], lanes: list[Lane], bm: BlockManager) -> Plan:
@@ -54,11 +75,17 @@ class BatchPolicy:
         cfg = self.config
         out = Plan()
         budget = cfg.max_batch_tokens
+        spec = self.spec.enabled and len(running) <= self.spec.max_batch
         i = 0
         while i < len(running) and budget > 0 and len(out.batch) < cfg.max_num_seqs:
             seq = running[i]
             n = min(seq.num_uncomputed, budget, cfg.max_prefill_chunk)
             if n <= 0:
+                i += 1
+                continue
+            if spec and n == 1 and seq.prefill_complete and self._speculate(seq, budget, bm):
+                out.batch.append((seq, 1 + len(seq.draft)))
+                budget -= 1 + len(seq.draft)
                 i += 1
                 continue
             if not bm.allocate(seq, n):
@@ -89,3 +116,18 @@ class BatchPolicy:
                 out.batch.append((seq, n))
                 budget -= n
         return out
+
+    def _speculate(self, seq: Sequence, budget: int, bm: BlockManager) -> bool:
+        """Give a decoding `seq` drafts (`seq.draft`) when it is eligible, some are proposed and
+        their blocks can be had without retracting anyone; False: it decodes plainly."""
+        if not eligible(seq):
+            return False
+        sp = seq.sampling
+        limit = bm.num_blocks * bm.block_size if self.max_len is None else min(self.max_len, bm.num_blocks * bm.block_size)
+        room = min(sp.max_new_tokens - len(seq.output_ids), limit - seq.num_tokens)
+        k = min(self.spec.num_tokens, budget - 1, room - 1)
+        draft = propose(seq, self.spec, k) if k > 0 else []
+        if not draft or not bm.allocate(seq, 1 + len(draft)):
+            return False
+        seq.draft = draft
+        return True

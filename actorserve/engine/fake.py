@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from .base import EngineInfo, SeqOutput
 from .sequence import Sequence
+from .speculative import accepted
 
 
 class ContractViolation(AssertionError):
@@ -21,11 +22,15 @@ class ContractViolation(AssertionError):
 
 
 class FakeEngine:
+    verifies_drafts = True        # speculative steps (`engine.speculative`) are understood
     def __init__(self, *, num_blocks: int = 1024, block_size: int = 4, max_model_len: int = 4096,
                  vocab_size: int = 1000, eos_token_id: int = 0,
                  fault: Callable[[list[tuple[Sequence, int]]], None] | None = None,
-                 keep_history: bool = True) -> None:
+                 keep_history: bool = True, alphabet: int | None = None) -> None:
         self.info = EngineInfo("fake", block_size, num_blocks, max_model_len, (eos_token_id,), vocab_size)
+        # With `alphabet`: the next token depends on the last two only, one of 1..alphabet (never
+        # EOS), so outputs fall into loops: what n-gram speculation feeds on.
+        self.alphabet = alphabet
         self.fault = fault
         self.keep_history = keep_history
         self.history: list[list[tuple[str, int]]] = []
@@ -37,6 +42,14 @@ class FakeEngine:
         a = token_ids[-1] if token_ids else 0
         b = token_ids[-2] if len(token_ids) > 1 else 7
         return 1 + (a * 31 + b * 17 + len(token_ids)) % (vocab_size - 1)  # never 0 (eos)
+
+    def token_after(self, token_ids: list[int]) -> int:
+        """This engine's next token after `token_ids` (`next_token`, or the looping variant)."""
+        if self.alphabet is None:
+            return self.next_token(token_ids, self.info.vocab_size)
+        a = token_ids[-1] if token_ids else 0
+        b = token_ids[-2] if len(token_ids) > 1 else 7
+        return 1 + (a * 31 + b * 17) % self.alphabet
 
     def execute(self, batch: list[tuple[Sequence, int]]) -> list[SeqOutput]:
         self.steps += 1
@@ -51,20 +64,34 @@ class FakeEngine:
             seen.add(seq.rid)
             if seq.rid in self.released:
                 raise ContractViolation(f"{seq.rid} stepped after release")
-            if n < 1 or seq.num_computed + n > seq.num_tokens:
+            if n < 1 or seq.num_computed + n > seq.num_tokens + len(seq.draft):
                 raise ContractViolation(f"{seq.rid}: bad chunk {n} at {seq.num_computed}/{seq.num_tokens}")
+            if seq.draft and (seq.pooling is not None or seq.num_computed + n != seq.num_tokens + len(seq.draft)):
+                raise ContractViolation(f"{seq.rid}: drafts on a step that does not verify them all")
             if len(seq.block_table) * bs < seq.num_computed + n:
                 raise ContractViolation(f"{seq.rid}: block table too short")
-            if seq.num_computed + n < seq.num_tokens:
+            if seq.draft:
+                outs.append(self._verify(seq))
+            elif seq.num_computed + n < seq.num_tokens:
                 outs.append(SeqOutput(seq))
             elif seq.pooling is not None:
                 ids = seq.prompt_ids
                 outs.append(SeqOutput(seq, pooled=[float(len(ids)), float(sum(ids) % 97)]))
             else:
-                outs.append(SeqOutput(seq, token_id=self.next_token(seq.token_ids(), self.info.vocab_size)))
+                outs.append(SeqOutput(seq, token_id=self.token_after(seq.token_ids())))
         if self.keep_history:
             self.history.append([(s.rid, n) for s, n in batch])
         return outs
+
+    def _verify(self, seq: Sequence) -> SeqOutput:
+        """A speculative step: the token after the context and after each draft prefix, the
+        drafts accepted while they match (as the real runner does)."""
+        ctx = seq.token_ids()
+        picks = [self.token_after(ctx + seq.draft[:j]) for j in range(len(seq.draft) + 1)]
+        a = accepted(seq.draft, picks)
+        out = SeqOutput(seq, token_id=picks[0])
+        out.extra = [SeqOutput(seq, token_id=t) for t in picks[1:a + 1]]
+        return out
 
     def release(self, seq: Sequence) -> None:
         self.released.add(seq.rid)

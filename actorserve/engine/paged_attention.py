@@ -134,13 +134,17 @@ def plan_step(batch: list[tuple[Sequence, int]], block_size: int, group: int) ->
             last_rows.append(-1)
             continue
         end = start + n
-        if end > seq.num_tokens:
-            raise ValueError(f"{seq!r}: asked to compute {n} tokens, only {seq.num_uncomputed} known")
+        known = seq.num_tokens
+        if end > known + len(seq.draft):
+            raise ValueError(f"{seq!r}: asked to compute {n} tokens, only {seq.num_uncomputed} known"
+                             f" and {len(seq.draft)} drafted")
         table = seq.block_table
         if len(table) * bs < end:
             raise ValueError(f"{seq!r}: block table covers {len(table) * bs} tokens, step needs {end}")
         row = len(ids)
-        ids.extend(seq.token_slice(start, end))
+        ids.extend(seq.token_slice(start, min(end, known)))
+        if end > known:                  # a speculative step: its drafts follow the last token
+            ids.extend(seq.draft[:end - known])
         if n == 1:
             pos.append(start)
             slots.append(table[start // bs] * bs + start % bs)

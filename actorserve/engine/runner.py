@@ -39,6 +39,7 @@ from .base import EngineInfo, SeqOutput
 from .families import PAGED_MODEL_TYPES, Family, apply_rope, family_of, project_qkv, supports_paged
 from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
 from .sequence import Sequence
+from .speculative import accepted
 
 __all__ = ["PAGED_MODEL_TYPES", "HFFallbackRunner", "PagedLlamaRunner", "build_engine",
            "engine_info", "supports_paged"]
@@ -159,6 +160,8 @@ def _finish(outputs: list[SeqOutput], seqs: list[Sequence], where: list[int], hi
 class PagedLlamaRunner(_SamplingRunner):
     """Paged-KV runner over a Llama-family HF model (see the module docstring)."""
 
+    verifies_drafts = True        # speculative steps (`engine.speculative`) are understood
+
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, sampler: Sampler | None = None,
                  threads: int | None = None, tokenizer: Any = None, model_name: str | None = None,
                  max_model_len: int | None = None) -> None:
@@ -255,7 +258,11 @@ class PagedLlamaRunner(_SamplingRunner):
         if owed:      # the prompt rows of sequences that asked for prompt logprobs
             prompt_lp.score_rows(owed, lambda a, b: self._logits(self.base.norm(h[a:b])))
         members = [i for i, (seq, n) in enumerate(batch)
-                   if n > 0 and seq.num_computed + n == seq.num_tokens]
+                   if n > 0 and seq.num_computed + n == seq.num_tokens + len(seq.draft)]
+        spec = [i for i in members if batch[i][0].draft]
+        if spec:
+            members = [i for i in members if not batch[i][0].draft]
+            self._verify(outputs, batch, spec, plan, h)
         if not members:
             return outputs
         rows = torch.tensor([plan.last_rows[i] for i in members], dtype=torch.long)
@@ -263,6 +270,31 @@ class PagedLlamaRunner(_SamplingRunner):
         self._finish(outputs, [batch[i][0] for i in members], members, hidden,
                      lambda idx: self._logits(hidden[idx]))
         return outputs
+
+
+    def _verify(self, outputs: list[SeqOutput], batch: list[tuple[Sequence, int]], spec: list[int],
+                plan: StepPlan, h: torch.Tensor) -> None:
+        """Speculating members (`engine.speculative`): every row of each one's step (its last
+        token, then its drafts) is sampled like a decode row of that sequence; the drafts the
+        picks confirm are accepted, and the pick after them is the step's last token."""
+        rows: list[int] = []
+        seqs: list[Sequence] = []
+        for i in spec:
+            seq, n = batch[i]
+            rows.extend(range(plan.last_rows[i] - n + 1, plan.last_rows[i] + 1))
+            seqs.extend([seq] * n)
+        hidden = self.base.norm(h.index_select(0, torch.tensor(rows, dtype=torch.long)))
+        per_row = [SeqOutput(s) for s in seqs]
+        self._finish(per_row, seqs, list(range(len(seqs))), hidden, lambda idx: self._logits(hidden[idx]))
+        at = 0
+        for i in spec:
+            seq, n = batch[i]
+            mine = per_row[at:at + n]
+            at += n
+            a = accepted(seq.draft, [o.token_id for o in mine])
+            first = mine[0]
+            first.extra = mine[1:a + 1]
+            outputs[i] = first
 
 
 def build_engine(model: Any, **kw: Any) -> PagedLlamaRunner | HFFallbackRunner:

@@ -19,7 +19,7 @@ class Sequence:
         "rid", "kind", "prompt_ids", "output_ids", "num_computed", "num_cached",
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
         "grammar", "prompt_lp", "prompt_hashes", "prompt_hash_key",
-        "penalty_state",
+        "penalty_state", "draft", "spec_index",
     )
 
     def __init__(
@@ -58,6 +58,11 @@ class Sequence:
         # The sampler's incremental view of the tokens the penalties read (`engine.penalties.
         # PenaltyState`), made on the first penalised step; it follows appends to output_ids.
         self.penalty_state: Any = None
+        # Speculative decoding (`engine.speculative`): the drafts this step verifies after the
+        # last token (set by the batch policy, cleared by the scheduler when the step is over),
+        # and the n-gram index they are proposed from.
+        self.draft: list[int] = []
+        self.spec_index: Any = None
 
     @property
     def num_tokens(self) -> int:

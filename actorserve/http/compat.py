@@ -98,10 +98,14 @@ def sglang_server_fields(ctx: ServerContext) -> dict[str, Any]:
         "context_length": ctx.capacity,
         "max_req_input_len": ctx.capacity - 1,                       # room for one new token
         "attention_backend": "torch_native",                         # torch SDPA over paged KV
+        "speculative_algorithm": batch.get("speculative") and str(batch["speculative"]).upper(),
+        "speculative_num_draft_tokens": batch.get("speculative_tokens") if batch.get("speculative") else None,
         "is_embedding": info.kind != "generate",
         "version": __version__,
         # SGLang: one dict per data-parallel rank; bench_serving reads [0].get("avg_spec_accept_length")
-        "internal_states": [{"scheduler": "generation", **_plain(rt.stats())}],
+        "internal_states": [{"scheduler": "generation", **_plain(rt.stats()),     # None: not speculating
+                             "avg_spec_accept_length": rt.stats().avg_spec_accept_length
+                             if batch.get("speculative") else None}],
     }
 
 

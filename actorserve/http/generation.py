@@ -188,7 +188,7 @@ class RequestGroup:
                 merged.prompt_logprobs = out.prompt_logprobs
             if out.finished:
                 for f in ("finished", "finish_reason", "error", "prompt_tokens", "completion_tokens",
-                          "cached_tokens", "matched_stop", "aborted_in"):
+                          "cached_tokens", "matched_stop", "aborted_in", "spec"):
                     setattr(merged, f, getattr(out, f))
         merged.text = "".join(pieces)
         return merged

@@ -106,6 +106,12 @@ TABLE: tuple[Metric, ...] = (
            sglang="sglang:num_retracted_requests"),
     Metric("pause_retractions", C, "requests", "Running requests retracted by "
            "pause_generation(mode=retract)"),
+    Metric("spec_decode_num_drafts", C, "steps", "Speculative verifications (--speculative): a "
+           "request's step that checked drafts", vllm="vllm:spec_decode_num_drafts"),
+    Metric("spec_decode_num_draft_tokens", C, "tokens", "Draft tokens proposed and verified",
+           vllm="vllm:spec_decode_num_draft_tokens"),
+    Metric("spec_decode_num_accepted_tokens", C, "tokens", "Draft tokens the model accepted",
+           vllm="vllm:spec_decode_num_accepted_tokens"),
     Metric("gen_throughput", G, "tokens/s", "Generation throughput since the previous scrape "
            "(tokens/s)", actorserve=False, sglang="sglang:gen_throughput"),
     Metric("server_paused", G, "1", "1 while generation is paused"),

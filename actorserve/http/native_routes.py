@@ -50,9 +50,15 @@ def finish_reason(out: Any) -> dict[str, Any]:
 
 def _meta(job: Job, out: Any, finished: bool) -> dict[str, Any]:
     reason = finish_reason(out) if finished else None
-    return {"id": job.rid, "finish_reason": reason, "prompt_tokens": out.prompt_tokens,
+    meta = {"id": job.rid, "finish_reason": reason, "prompt_tokens": out.prompt_tokens,
             "completion_tokens": out.completion_tokens, "cached_tokens": out.cached_tokens,
             "e2e_latency": round(job.timer.elapsed, 6) if job.timer is not None else None}
+    spec = getattr(out, "spec", None)
+    if spec is not None:           # it speculated (--speculative): SGLang's spec_verify_ct and more
+        steps, drafts, accepted = spec
+        meta.update(spec_verify_ct=steps, spec_draft_tokens=drafts, spec_accepted_tokens=accepted,
+                    spec_accept_rate=round(accepted / drafts, 6) if drafts else 0.0)
+    return meta
 
 
 async def generate(request: web.Request) -> web.StreamResponse:

@@ -25,6 +25,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(or the GPU supports it), else float32. Sampling and pooling stay float32")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=None)
+    p.add_argument("--speculative", default=None, choices=("ngram",),
+                   help="speculative decoding without a draft model: n-gram (prompt-lookup) drafts "
+                        "verified in one step; greedy requests only, output identical (default: off)")
+    p.add_argument("--speculative-tokens", type=int, default=4, metavar="K",
+                   help="drafts proposed per step and request (default 4)")
+    p.add_argument("--speculative-max-batch", type=int, default=8, metavar="N",
+                   help="speculate only while at most N requests decode (default 8: verifying "
+                        "costs more than it gains in a full batch)")
     p.add_argument("--record", default=None, metavar="PATH",
                    help="flight-recorder JSONL file; a directory (existing, or ending in /) "
                         "means DIR/<replica id>.jsonl")
@@ -72,6 +80,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         batch_kw["max_num_seqs"] = args.max_num_seqs
     if args.max_batch_tokens is not None:
         batch_kw["max_batch_tokens"] = args.max_batch_tokens
+    if getattr(args, "speculative", None):
+        batch_kw.update(speculative=args.speculative, speculative_tokens=args.speculative_tokens,
+                        speculative_max_batch=args.speculative_max_batch)
     from ..replay.fleet import recording_path
 
     record, replica = recording_path(args.record, getattr(args, "replica_id", None))

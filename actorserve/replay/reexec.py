@@ -129,7 +129,9 @@ def steps_of(events: Iterable[Event]) -> dict[str, list[tuple[int, list[Any]]]]:
     for e in events:
         if e.kind == "step":
             d = e.data or {}
-            out[d.get("sched", "scheduler")].append((e.seq, [list(m) for m in d.get("batch", [])]))
+            drafts = d.get("draft") or {}     # a speculating member's drafts are part of its entry
+            out[d.get("sched", "scheduler")].append(
+                (e.seq, [list(m) + ([drafts[m[0]]] if m[0] in drafts else []) for m in d.get("batch", [])]))
     return out
 
 
@@ -143,7 +145,8 @@ def histories_of(events: Iterable[Event]) -> dict[tuple[str, str | None], list[t
 
 def _model_answers(events: list[Event]) -> tuple[dict[str, deque[Any]], dict[tuple[str, int], int]]:
     """Answers per request, in order (a token, or ``[token, verdict]`` where the engine gave one:
-    a grammar that ended, a refused token); and where a detokenizer stopped: (rid, incarnation) -> n."""
+    a grammar that ended, a refused token, or a tuple of the tokens a speculative step yielded);
+    and where a detokenizer stopped: (rid, incarnation) -> n."""
     tokens: dict[str, deque[Any]] = defaultdict(deque)
     stops: dict[tuple[str, int], int] = {}
     incarnation: dict[str, int] = defaultdict(lambda: -1)
@@ -154,13 +157,17 @@ def _model_answers(events: list[Event]) -> tuple[dict[str, deque[Any]], dict[tup
                 if isinstance(tok, int) and not isinstance(tok, bool):
                     tokens[rid].append([tok, verdict[0]] if verdict else tok)
                     seen[rid] += 1
+                elif isinstance(tok, list):          # a speculative step's tokens
+                    tokens[rid].append(tuple(tok))
+                    seen[rid] += len(tok)
         elif e.kind == "input" and e.event == "generate" and e.rid is not None:
             incarnation[e.rid] += 1
             seen[e.rid] = 0
         elif e.kind == "detok" and e.event == "stop_string" and e.rid is not None:
             # the output stage's verdict comes before the next step is planned: the tokens so
             # far are the ones it had seen
-            stops[(e.rid, incarnation[e.rid])] = seen[e.rid]
+            at = (e.data or {}).get("at")       # where in its tokens (older recordings: after all)
+            stops[(e.rid, incarnation[e.rid])] = at if isinstance(at, int) else seen[e.rid]
     return tokens, stops
 
 

@@ -21,7 +21,7 @@ import time
 from ..statemachines import LIFECYCLES
 from .check import Report, check
 from .recorder import ended_in_order, incarnation_of, read_all_parts, read_recording
-from .stats import latency_report, wasted_forwards_line
+from .stats import latency_report, speculation_line, wasted_forwards_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -227,6 +227,8 @@ def run(args: argparse.Namespace) -> int:
         for state, st in lat["time_in_state"].items():  # type: ignore[union-attr]
             print(f"  time in {state:<22} n={st['n']:<6} p50={st['p50_ms']:>9} ms  p99={st['p99_ms']:>9} ms")
         print(wasted_forwards_line(lat["wasted_forwards"]))  # type: ignore[arg-type]
+        if lat.get("speculation"):
+            print(speculation_line(lat["speculation"]))  # type: ignore[arg-type]
         if report.ok:
             print("no violations")
         else:

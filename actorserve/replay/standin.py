@@ -73,6 +73,8 @@ class PooledStandIn:
 class ReplayEngine:
     """Plays back the recorded model answers, keyed by request id."""
 
+    verifies_drafts = True        # speculative steps (`engine.speculative`) are understood
+
     def __init__(self, info: dict[str, Any], tokens: dict[str, deque[Any]],
                  batch: dict[str, Any] | None = None) -> None:
         info = dict(info)
@@ -98,7 +100,9 @@ class ReplayEngine:
                 q = self.tokens.get(seq.rid)
                 if q:
                     answer = q.popleft()
-                    if isinstance(answer, list):      # [token, the engine's verdict]
+                    if isinstance(answer, tuple):     # a speculative step's tokens
+                        outs.append(self._spec(seq, answer, q))
+                    elif isinstance(answer, list):    # [token, the engine's verdict]
                         tok, verdict = answer
                         err = verdict.get("error") if isinstance(verdict, dict) else None
                         outs.append(SeqOutput(seq, token_id=tok, stop=verdict == "stop", error=err))
@@ -108,6 +112,16 @@ class ReplayEngine:
                     self.fillers += 1
                     outs.append(SeqOutput(seq, token_id=self.filler))
         return outs
+
+    @staticmethod
+    def _spec(seq: Sequence, tokens: tuple[int, ...], q: deque[Any]) -> SeqOutput:
+        """A recorded speculative step's tokens: all of them for a step that verifies as many
+        drafts; a step with fewer drafts (a what-if run) takes what it can, the rest stay queued."""
+        take = 1 + min(len(seq.draft), len(tokens) - 1)
+        q.extendleft(reversed(tokens[take:]))
+        out = SeqOutput(seq, token_id=tokens[0])
+        out.extra = [SeqOutput(seq, token_id=t) for t in tokens[1:take]]
+        return out
 
     def release(self, seq: Sequence) -> None:
         pass

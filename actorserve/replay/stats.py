@@ -163,9 +163,16 @@ def wasted_forwards(events: Iterable[Event]) -> dict[str, Any]:
             elif e.event == "step_end":
                 for rid, tok, *_ in d.get("out") or ():
                     life = live.get(rid)
-                    if life is not None and not life.finished and isinstance(tok, int) and not isinstance(tok, bool):
-                        life.last = (d.get("sched", "scheduler"), int(d.get("step", 0)), tok)
+                    toks = tok if isinstance(tok, list) else [tok]     # a speculative step: several
+                    if life is None or life.finished:
+                        continue
+                    for t in toks:            # up to the first the scheduler finished it on
+                        if not isinstance(t, int) or isinstance(t, bool):
+                            break
+                        life.last = (d.get("sched", "scheduler"), int(d.get("step", 0)), t)
                         life.tokens += 1
+                        if t in life.stop_ids or life.tokens >= life.max_new:
+                            break
         elif e.kind == "step":
             d = e.data or {}
             for rid, n in d.get("batch") or ():
@@ -207,8 +214,45 @@ def wasted_forwards_line(w: dict[str, Any]) -> str:
             f"generation requests" + (f" (by finish cause, wasted/requests: {causes})" if causes else ""))
 
 
+def speculation(events: Iterable[Event]) -> dict[str, Any] | None:
+    """Speculative decoding in a recording: per request and in all, the verify steps, the drafts
+    they checked (a ``step`` note's ``draft``) and how many the model accepted (its ``step_end``
+    answer: the tokens the step yielded, one more than the drafts accepted). None if no step
+    had drafts."""
+    drafted: dict[tuple[str, int], dict[str, int]] = {}
+    per: dict[str, list[int]] = {}
+    for e in events:
+        d = e.data or {}
+        if e.kind == "step" and d.get("draft"):
+            drafted[(d.get("sched", "scheduler"), int(d.get("step", 0)))] = {
+                rid: len(toks) for rid, toks in d["draft"].items()}
+        elif e.kind == "input" and e.event == "step_end":
+            step = drafted.pop((d.get("sched", "scheduler"), int(d.get("step", 0))), None)
+            for rid, tok, *_ in (d.get("out") or ()) if step else ():
+                if rid in step and isinstance(tok, list):
+                    mine = per.setdefault(rid, [0, 0, 0])
+                    mine[0] += 1
+                    mine[1] += step[rid]
+                    mine[2] += len(tok) - 1
+    if not per:
+        return None
+    steps, drafts, acc = (sum(v[i] for v in per.values()) for i in range(3))
+    return {"verify_steps": steps, "draft_tokens": drafts, "accepted_tokens": acc,
+            "accept_rate": round(acc / drafts, 4) if drafts else 0.0,
+            "tokens_per_step": round((steps + acc) / steps, 4) if steps else 0.0,
+            "requests": {rid: {"verify_steps": v[0], "draft_tokens": v[1], "accepted_tokens": v[2]}
+                         for rid, v in per.items()}}
+
+
+def speculation_line(s: dict[str, Any]) -> str:
+    return (f"  speculative decoding: {s['verify_steps']} verify steps in {len(s['requests'])} requests, "
+            f"{s['accepted_tokens']}/{s['draft_tokens']} drafts accepted ({s['accept_rate']:.1%}), "
+            f"{s['tokens_per_step']:.2f} tokens per verify step")
+
+
 def latency_report(events: list[Event]) -> dict[str, object]:
     aborts = abort_latencies_ms(events)
     return {"abort_latency": _summary(aborts) if aborts else None,
             "time_in_state": time_in_state_ms(events),
-            "wasted_forwards": wasted_forwards(events)}
+            "wasted_forwards": wasted_forwards(events),
+            "speculation": speculation(events)}
