@@ -21,6 +21,7 @@ class ModelConfig:
     kv_memory_gb: float = 1.0
     block_size: int = 16
     dtype: str = "auto"                 # auto | float32 | bfloat16 (engine.dtype): weights and KV cache
+    decode_attention: str = "auto"      # auto | inplace | gather (engine.decode_kernel)
 
 
 @dataclass(frozen=True, slots=True)

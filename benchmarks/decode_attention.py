@@ -21,6 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from actorserve.engine import paged_attention as pa  # noqa: E402
+from actorserve.engine.block_tables import BlockTables  # noqa: E402
 from actorserve.engine.sequence import Sequence  # noqa: E402
 
 BS, NKV, GROUP, D = 16, 3, 3, 64
@@ -48,9 +49,10 @@ def step_ms(kv, batch, q, grouped: bool, reps: int) -> float:  # type: ignore[no
         pa.group_by_length = lambda needs, **_: [list(range(len(needs)))]
     try:
         out = torch.empty(q.shape[0], NKV * GROUP * D)
+        tables = BlockTables(BS)
         t0 = time.perf_counter()
         for _ in range(reps):
-            plan = pa.plan_step(batch, BS, GROUP)
+            plan = pa.plan_step(batch, tables, GROUP)
             pa.paged_attention(q, kv, 0, plan, out, scale=D ** -0.5)
         return (time.perf_counter() - t0) / reps * 1e3
     finally:
@@ -75,7 +77,7 @@ def main() -> None:
             one.append(step_ms(kv, batch, q, False, args.reps))
         gm, om = sorted(g)[len(g) // 2], sorted(one)[len(one) // 2]
         out[name] = {"grouped_ms": round(gm, 2), "one_group_ms": round(om, 2),
-                     "ratio": round(om / gm, 2), "groups": len(pa.plan_step(batch, BS, GROUP).decode)}
+                     "ratio": round(om / gm, 2), "groups": len(pa.plan_step(batch, BlockTables(BS), GROUP).decode)}
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
 
 

@@ -75,6 +75,7 @@ async def test_generate_single_batch_ids_stream(tiny):
         assert info["served_model_name"] == NAME and info["max_model_len"] > 0
         sinfo = await (await http.get("/server_info")).json()
         assert sinfo["server_state"] == "serving" and "kv_used_blocks" in sinfo["scheduler"]
+        assert sinfo["decode_attention"].startswith("inplace (paged_decode-")   # the C kernel, built here
         await settle(rt)
 
 

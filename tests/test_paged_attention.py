@@ -8,6 +8,7 @@ import random
 import torch
 import torch.nn.functional as F
 
+from actorserve.engine.block_tables import BlockTables
 from actorserve.engine.paged_attention import PagedKV, group_by_length, paged_attention, plan_step
 from actorserve.engine.sequence import Sequence
 
@@ -44,7 +45,7 @@ def test_grouped_decode_equals_each_sequence_alone():
     ctxs = [3, 5, 130, 4, 7, 260, 2, 64, 6]          # short ones beside two long ones
     seqs = [_seq(i, c, bs, free) for i, c in enumerate(ctxs)]
     batch = [(s, 1) for s in seqs]
-    plan = plan_step(batch, bs, group)
+    plan = plan_step(batch, BlockTables(bs), group)
     assert len(plan.decode) == 3 and not plan.chunks           # the long ones apart
     q = torch.randn(len(seqs), nkv * group, d)
     out = torch.empty(len(seqs), nkv * group * d)
@@ -62,6 +63,6 @@ def test_one_length_keeps_one_dense_group():
     bs = 4
     free = list(range(64))
     seqs = [_seq(i, 9, bs, free) for i in range(5)]
-    plan = plan_step([(s, 1) for s in seqs], bs, 1)
+    plan = plan_step([(s, 1) for s in seqs], BlockTables(bs), 1)
     assert len(plan.decode) == 1 and plan.decode[0].dense
     assert plan.decode[0].rows.tolist() == list(range(5))

@@ -67,6 +67,7 @@ class EngineInfo:
     vocab_size: int
     kind: str = "generate"          # generate | embed
     dtype: str = "float32"          # the weights' and the KV cache's (sampling is always fp32)
+    attention: str = ""             # how decode attention runs, and why (`engine.decode_kernel`)
 
 
 @runtime_checkable

@@ -206,6 +206,7 @@ class BlockManager:
                 else:
                     self._free.append(block)
         seq.block_table.clear()
+        seq.table_epoch += 1           # mirrors of the table (`engine.block_tables`) start over
         seq.block_hashes.clear()
         seq.num_computed = 0
         seq.num_cached = 0

@@ -3,7 +3,8 @@
 Storage. Each layer owns one K and one V tensor of shape
 ``[num_blocks * block_size, n_kv_heads, head_dim]``; token ``i`` of a sequence lives in slot
 ``block_table[i // block_size] * block_size + i % block_size`` (the `BlockManager` hands out
-the blocks, this module only reads the tables). The tensors start zeroed: padding rows that a
+the blocks; the runner mirrors the tables into persistent int32 rows, `block_tables`, which this
+module reads). The tensors start zeroed: padding rows that a
 batched gather picks up are masked out, and zero (never NaN) keeps ``0 * v`` at zero.
 
 A step. `plan_step` turns the scheduler's ``[(seq, n)]`` into one flat batch of ``T`` new
@@ -38,6 +39,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .block_tables import BlockTables
+from .decode_kernel import DecodeKernel
 from .sequence import Sequence
 
 
@@ -62,14 +65,16 @@ class PagedKV:
         self.k[layer].index_copy_(0, slots, k)
         self.v[layer].index_copy_(0, slots, v)
 
-    def scratch(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """A contiguous tensor of `shape` backed by a named buffer that only grows."""
+    def scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A contiguous tensor of `shape` backed by a named buffer that only grows (of the
+        cache's dtype unless `dtype` says otherwise; one name, one dtype)."""
         numel = 1
         for s in shape:
             numel *= s
         buf = self._scratch.get(name)
         if buf is None or buf.numel() < numel:
-            buf = torch.empty(max(numel, 2 * buf.numel() if buf is not None else 0), dtype=self.dtype)
+            buf = torch.empty(max(numel, 2 * buf.numel() if buf is not None else 0),
+                              dtype=dtype or self.dtype)
             self._scratch[name] = buf
         return buf[:numel].view(shape)
 
@@ -90,7 +95,7 @@ class Chunk:
 
     row: int
     n: int
-    blocks: torch.Tensor         # block ids covering its whole context
+    blocks: torch.Tensor         # block ids covering its whole context (int32)
     mask: torch.Tensor           # [group * n, len(blocks) * bs] bool, True = attend
 
 
@@ -99,9 +104,15 @@ class DecodeGroup:
     """Members with ``n == 1`` whose contexts are attended together, padded to ``nb`` blocks."""
 
     rows: torch.Tensor           # [D] their flat rows, ascending
-    blocks: torch.Tensor         # [D * nb] padded block ids
-    mask: torch.Tensor           # [D, 1, 1, nb * bs] bool, True = attend
+    table: torch.Tensor          # [D, nb] their block tables (int32), padded with stale ids
+    ctx: torch.Tensor            # [D] int32: each one's context length, its new token included
+    mask: torch.Tensor | None    # [D, 1, 1, nb * bs] bool, True = attend (the gather path only)
     dense: bool = False          # rows are exactly 0..T-1 (the whole step): no select/scatter
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        """``[D * nb]`` padded block ids, what the gather path copies."""
+        return self.table.reshape(-1)
 
 
 @dataclass(slots=True)
@@ -118,15 +129,20 @@ class StepPlan:
         return self.input_ids.numel()
 
 
-def plan_step(batch: list[tuple[Sequence, int]], block_size: int, group: int) -> StepPlan:
-    """Lay out one step: flat tokens, their slots, and the attention groups."""
-    bs = block_size
+def plan_step(batch: list[tuple[Sequence, int]], tables: BlockTables, group: int,
+              inplace: bool = False) -> StepPlan:
+    """Lay out one step: flat tokens, their slots, and the attention groups. The block ids come
+    from `tables` (each member's row synced first); Python work here is per member and per new
+    token, never per block: slots, padded decode blocks and chunk blocks are tensor gathers.
+    `inplace` (the decode kernel reads each context at its own length): one decode group of
+    every ``n == 1`` member, no masks."""
+    bs = tables.block_size
     ids: list[int] = []
     pos: list[int] = []
-    slots: list[int] = []
     last_rows: list[int] = []
-    dec_rows: list[int] = []
-    dec_seqs: list[Sequence] = []
+    trows: list[int] = []                 # per computing member: its row in `tables`
+    counts: list[int] = []                # ... and how many tokens it computes
+    dec: list[tuple[int, int, int]] = []  # decode members: (flat row, table row, context length)
     chunks: list[Chunk] = []
     for seq, n in batch:
         start = seq.num_computed
@@ -138,50 +154,53 @@ def plan_step(batch: list[tuple[Sequence, int]], block_size: int, group: int) ->
         if end > known + len(seq.draft):
             raise ValueError(f"{seq!r}: asked to compute {n} tokens, only {seq.num_uncomputed} known"
                              f" and {len(seq.draft)} drafted")
-        table = seq.block_table
-        if len(table) * bs < end:
-            raise ValueError(f"{seq!r}: block table covers {len(table) * bs} tokens, step needs {end}")
+        if len(seq.block_table) * bs < end:
+            raise ValueError(f"{seq!r}: block table covers {len(seq.block_table) * bs} tokens, step needs {end}")
+        trow = tables.row(seq)
         row = len(ids)
         ids.extend(seq.token_slice(start, min(end, known)))
         if end > known:                  # a speculative step: its drafts follow the last token
             ids.extend(seq.draft[:end - known])
+        trows.append(trow)
+        counts.append(n)
         if n == 1:
             pos.append(start)
-            slots.append(table[start // bs] * bs + start % bs)
-            dec_rows.append(row)
-            dec_seqs.append(seq)
+            dec.append((row, trow, end))
         else:
             pos.extend(range(start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             nb = -(-end // bs)
             q_pos = torch.arange(start, end)
             mask = torch.arange(nb * bs)[None, :] <= q_pos[:, None]          # [n, L] causal
             if group > 1:
                 mask = mask.repeat(group, 1)                                # [group * n, L]
-            chunks.append(Chunk(row, n, torch.tensor(table[:nb], dtype=torch.long), mask))
+            chunks.append(Chunk(row, n, tables.table[trow, :nb], mask))
         last_rows.append(row + n - 1)
 
+    positions = torch.tensor(pos, dtype=torch.long)
+    if trows:
+        per_token = torch.tensor(trows, dtype=torch.long)
+        if len(trows) != len(pos):
+            per_token = per_token.repeat_interleave(torch.tensor(counts, dtype=torch.long))
+        slots = tables.table[per_token, positions // bs].long() * bs + positions % bs
+    else:
+        slots = torch.empty(0, dtype=torch.long)
+
     groups = []
-    if dec_seqs:
-        needs = [-(-(s.num_computed + 1) // bs) for s in dec_seqs]
-        for members in group_by_length(needs):
+    if dec:
+        needs = [-(-ctx // bs) for _, _, ctx in dec]
+        for members in [list(range(len(dec)))] if inplace else group_by_length(needs):
             nb = max(needs[i] for i in members)
-            blk = [0] * (len(members) * nb)
-            ctx = []
-            for j, i in enumerate(members):
-                s = dec_seqs[i]
-                blk[j * nb:j * nb + needs[i]] = s.block_table[:needs[i]]
-                ctx.append(s.num_computed + 1)
-            mask = torch.arange(nb * bs)[None, :] < torch.tensor(ctx)[:, None]
-            rows = [dec_rows[i] for i in members]
-            groups.append(DecodeGroup(torch.tensor(rows, dtype=torch.long),
-                                      torch.tensor(blk, dtype=torch.long),
-                                      mask.view(len(members), 1, 1, -1),
-                                      dense=len(rows) == len(ids)))
+            tab = torch.tensor([dec[i][1] for i in members], dtype=torch.long)
+            ctx = torch.tensor([dec[i][2] for i in members], dtype=torch.int32)
+            mask = None if inplace else \
+                (torch.arange(nb * bs)[None, :] < ctx[:, None]).view(len(members), 1, 1, -1)
+            groups.append(DecodeGroup(torch.tensor([dec[i][0] for i in members], dtype=torch.long),
+                                      tables.table[tab, :nb], ctx, mask,
+                                      dense=len(members) == len(ids)))
     return StepPlan(
         input_ids=torch.tensor(ids, dtype=torch.long),
-        positions=torch.tensor(pos, dtype=torch.long),
-        slots=torch.tensor(slots, dtype=torch.long),
+        positions=positions,
+        slots=slots,
         decode=groups,
         chunks=chunks,
         last_rows=last_rows,
@@ -216,16 +235,26 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def paged_attention(q: torch.Tensor, kv: PagedKV, layer: int, plan: StepPlan, out: torch.Tensor,
-                    scale: float, softcap: float | None = None) -> None:
+                    scale: float, softcap: float | None = None, kernel: DecodeKernel | None = None) -> None:
     """Attention of the step's queries ``q [T, n_heads, d]`` (RoPE applied, K/V already
     written) over each member's paged context; writes ``[T, n_heads * d]`` into `out`.
-    `softcap` soft-caps the attention logits (Gemma2's ``attn_logit_softcapping``)."""
+    `softcap` soft-caps the attention logits (Gemma2's ``attn_logit_softcapping``). With
+    `kernel` (`decode_kernel`) the decode members' contexts are read in place, in float32."""
     nh, d = q.shape[1], q.shape[2]
     nkv = kv.n_kv
     group = nh // nkv
     for g in plan.decode:
         D = g.rows.numel()
         qd = q if g.dense else q.index_select(0, g.rows)
+        if kernel is not None:
+            qf = qd.to(torch.float32).contiguous().view(D, nkv, group, d)
+            of = kv.scratch("kernel_out", (D, nh * d), torch.float32)
+            kernel.run(qf, kv.k[layer], kv.v[layer], g.table, g.ctx, kv.block_size, scale, softcap, of)
+            if g.dense:
+                out.copy_(of)
+            else:
+                out.index_copy_(0, g.rows, of.to(out.dtype))
+            continue
         qd = qd.view(D, nkv, group, d)                                      # heads of a KV head = rows
         k, v = kv.gather(layer, g.blocks, "d")
         k = k.view(D, -1, nkv, d).transpose(1, 2)                           # [D, nkv, L, d]

@@ -27,6 +27,7 @@ HF's own KV cache, one sequence at a time. `build_engine` picks between them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,8 @@ import torch.nn.functional as F
 
 from . import prompt_logprobs as prompt_lp
 from .base import EngineInfo, SeqOutput
+from .block_tables import BlockTables
+from .decode_kernel import load as load_decode_kernel
 from .families import PAGED_MODEL_TYPES, Family, apply_rope, family_of, project_qkv, supports_paged
 from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
 from .sequence import Sequence
@@ -164,7 +167,7 @@ class PagedLlamaRunner(_SamplingRunner):
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, sampler: Sampler | None = None,
                  threads: int | None = None, tokenizer: Any = None, model_name: str | None = None,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, decode_attention: str | None = None) -> None:
         family = family_of(model)
         if family is None:
             raise ValueError(f"{type(model).__name__} is not a model family the paged runner drives "
@@ -185,8 +188,12 @@ class PagedLlamaRunner(_SamplingRunner):
         self.scale = float(getattr(attn0, "scaling", self.head_dim ** -0.5))
         self.dtype = self.base.embed_tokens.weight.dtype
         self.kv = PagedKV(len(self.layers), num_blocks, block_size, self.n_kv, self.head_dim, self.dtype)
-        self.info = engine_info(model, num_blocks=num_blocks, block_size=block_size, tokenizer=tokenizer,
-                                model_name=model_name, max_model_len=max_model_len)
+        self.tables = BlockTables(block_size, width=-(-min(num_blocks * block_size, 4096) // block_size))
+        # decode attention: the in-place C kernel, or the torch gather + SDPA (`decode_kernel`)
+        self.decode_kernel, attention = load_decode_kernel(decode_attention)
+        self.info = dataclasses.replace(
+            engine_info(model, num_blocks=num_blocks, block_size=block_size, tokenizer=tokenizer,
+                        model_name=model_name, max_model_len=max_model_len), attention=attention)
         self._sampler = sampler
         self._grammar_for(tokenizer)
         self._rope_cos = self._rope_sin = torch.empty(0)
@@ -197,7 +204,8 @@ class PagedLlamaRunner(_SamplingRunner):
                                                for a in ("gate_proj", "up_proj", "down_proj"))
 
     def release(self, seq: Sequence) -> None:
-        """Nothing to forget: all per-sequence state lives in the block table."""
+        """Give back the sequence's row of the int32 block tables."""
+        self.tables.release(seq)
 
     # -- pieces of a step ------------------------------------------------------------------------
     def _rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,7 +246,7 @@ class PagedLlamaRunner(_SamplingRunner):
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
             self.kv.write(li, plan.slots, k, v)
-            paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap)
+            paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap, self.decode_kernel)
             if fam.sandwich:                                 # Gemma2: norm each branch's output too
                 h.add_(layer.post_attention_layernorm(a.o_proj(attn_out)))
                 h.add_(layer.post_feedforward_layernorm(self._mlp(layer.mlp, layer.pre_feedforward_layernorm(h))))
@@ -250,7 +258,7 @@ class PagedLlamaRunner(_SamplingRunner):
     @torch.inference_mode()
     def execute(self, batch: list[tuple[Sequence, int]]) -> list[SeqOutput]:
         outputs = [SeqOutput(seq) for seq, _ in batch]
-        plan = plan_step(batch, self.kv.block_size, self.group)
+        plan = plan_step(batch, self.tables, self.group, inplace=self.decode_kernel is not None)
         if plan.num_tokens == 0:
             return outputs
         h = self._forward(plan)
@@ -301,10 +309,12 @@ def build_engine(model: Any, **kw: Any) -> PagedLlamaRunner | HFFallbackRunner:
     """The paged runner for Llama-family models, the HF fallback for anything else.
 
     Keyword arguments are those of the runners (``num_blocks``, ``block_size``, ``sampler``,
-    ``threads``, ``tokenizer``, ``model_name``, ``max_model_len``)."""
+    ``threads``, ``tokenizer``, ``model_name``, ``max_model_len``; ``decode_attention`` for
+    the paged runner only)."""
     if supports_paged(model):
         return PagedLlamaRunner(model, **kw)
     from .hf_fallback import HFFallbackRunner
+    kw.pop("decode_attention", None)
     return HFFallbackRunner(model, **kw)
 
 

@@ -19,7 +19,7 @@ class Sequence:
         "rid", "kind", "prompt_ids", "output_ids", "num_computed", "num_cached",
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
         "grammar", "prompt_lp", "prompt_hashes", "prompt_hash_key",
-        "penalty_state", "draft", "spec_index",
+        "penalty_state", "draft", "spec_index", "table_epoch",
     )
 
     def __init__(
@@ -39,6 +39,7 @@ class Sequence:
         self.num_computed = 0          # tokens whose KV is in the cache
         self.num_cached = 0            # of those, how many came from the prefix cache
         self.block_table: list[int] = []
+        self.table_epoch = 0           # bumped each time the BlockManager clears the block table
         self.block_hashes: list[bytes] = []  # chain hashes of the full blocks registered so far
         # Chain hashes of the prompt's full blocks, computed once and kept (by the BlockManager:
         # a sequence waiting for memory retries its match every step, a retracted one is matched

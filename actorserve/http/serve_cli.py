@@ -23,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="weights and KV cache; auto = bfloat16 where the CPU has AMX/AVX-512 BF16 "
                         "(or the GPU supports it), else float32. Sampling and pooling stay float32")
+    p.add_argument("--decode-attention", default="auto", choices=("auto", "inplace", "gather"),
+                   help="decode attention: inplace = a C kernel (built on first use) reads the paged "
+                        "KV cache where it lies; gather = torch copies each context out, then SDPA; "
+                        "auto = inplace where a C compiler can build it")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=None)
     p.add_argument("--speculative", default=None, choices=("ngram",),
@@ -91,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         model=ModelConfig(model=args.model, threads=args.threads, kv_blocks=args.kv_blocks,
                           kv_memory_gb=args.kv_memory_gb, block_size=args.block_size,
                           dtype=getattr(args, "dtype", "auto"),
+                          decode_attention=getattr(args, "decode_attention", "auto"),
                           embedding_model=None if str(args.embedding_model).lower() in ("none", "off", "")
                           else args.embedding_model,
                           rerank_model=args.rerank_model, classify_model=args.classify_model),

@@ -82,7 +82,9 @@ def build_runtime(config: ServerConfig) -> Built:
         log.warning("%s has no chat template; chat requests use a plain ChatML fallback", name)
         tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
     engine = build_engine(model, num_blocks=blocks, block_size=mc.block_size, threads=mc.threads,
-                          tokenizer=hf_tok, model_name=name)
+                          tokenizer=hf_tok, model_name=name, decode_attention=mc.decode_attention)
+    if engine.info.attention:
+        log.info("decode attention: %s", engine.info.attention)
     if getattr(engine, "grammar", None) is not None:      # read the vocabulary for xgrammar now,
         threading.Thread(target=engine.grammar.warm, name="grammar-warm", daemon=True).start()
     rc = config.recorder
