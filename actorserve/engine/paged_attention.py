@@ -11,7 +11,10 @@ A step. `plan_step` turns the scheduler's ``[(seq, n)]`` into one flat batch of 
 tokens (ids, positions, slots) plus the attention layout, computed once and shared by all
 layers:
 
-* decode groups: the members with ``n == 1`` (decodes, and a prefill whose last token is
+* in place: with the decode kernel (`decode_kernel`, ``inplace=True``) every ``n == 1``
+  member is one group whose block tables and context lengths go to the C kernel, which reads
+  the K/V rows where they lie, each context at its own length: no gather, no padding, no mask.
+* decode groups (torch path): the members with ``n == 1`` (decodes, and a prefill whose last token is
   all that is left, e.g. after a prefix-cache hit), grouped by context length
   (`group_by_length`): within a group the contexts are gathered as whole blocks with one
   ``index_select`` into a padded ``[D, nb * block_size]`` layout and attended in one batched
