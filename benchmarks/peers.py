@@ -257,7 +257,7 @@ def run_llamacpp(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str, A
     result = run_one(
         "llamacpp",
         [server, "-m", gguf, "--host", "127.0.0.1", "--port", "{port}", "-t", str(args.llama_threads),
-         "-np", str(slots), "-c", str(ctx), "--jinja"],
+         "-np", str(slots), "-c", str(ctx), "--jinja", "--threads-http", str(slots + 4)],
         Path(gguf).name, args, Path(args.log_dir) / "peers_llamacpp.log")
     result["name"] = name
     return result
