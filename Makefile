@@ -12,10 +12,11 @@ export OMP_WAIT_POLICY := PASSIVE
 
 setup: $(STAMP) browser
 
-# Debian packages the pictures use, best effort: headless Chromium renders the SVG diagrams
-# and HTML timelines in tests; Graphviz (dot) lays out the exported SVG diagrams. Without root
-# or apt the browser tests skip and `actorserve diagram` falls back to its built-in layout.
-BROWSER_PKGS := chromium:chromium dot:graphviz
+# Debian packages, best effort: headless Chromium renders the SVG diagrams and HTML timelines
+# in tests; Graphviz (dot) lays out the exported SVG diagrams; a C compiler (cc) builds the
+# in-place decode attention kernel on first use. Without root or apt the browser tests skip,
+# `actorserve diagram` falls back to its built-in layout and decode attention to torch's gather.
+BROWSER_PKGS := chromium:chromium dot:graphviz cc:gcc
 browser:
 	@missing=""; for p in $(BROWSER_PKGS); do \
 	  command -v $${p%%:*} >/dev/null 2>&1 || missing="$$missing $${p#*:}"; done; \
