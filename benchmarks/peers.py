@@ -306,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=["actorserve", "peer"], default=None,
                    help="run only actorserve, or only the --peers")
     p.add_argument("--log-dir", default="/tmp")
+    p.add_argument("--actorserve-quantization", default="none", choices=("none", "q4"),
+                   help="actorserve's --quantization (q4: the GGUF's own 4-bit weights for decode steps)")
     p.add_argument("--actorserve-dtype", default="float32",
                    help="actorserve's --dtype (default float32, the transformers peer's; auto picks "
                         "bfloat16 on a CPU with avx512_bf16/AMX, which is then not the same arithmetic)")
@@ -323,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
 
     setup = {"model_path": model_path, "max_tokens": args.max_tokens, "cores": os.cpu_count(),
              "levels": [f"c={c} n={n}" for c, n in args.levels], "device": "cpu", "dtype": "float32",
-             "actorserve_dtype": args.actorserve_dtype, "peers": args.peers,
+             "actorserve_dtype": args.actorserve_dtype,
+             "actorserve_quantization": args.actorserve_quantization, "peers": args.peers,
              "OMP_WAIT_POLICY": "PASSIVE"}
     out: dict[str, Any] = {"bench": "peers", "setup": setup}
 
@@ -331,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         out["actorserve"] = run_one(
             "actorserve",
             [sys.executable, "-m", "actorserve.cli", "serve", "--model", "default", "--host", "127.0.0.1",
-             "--port", "{port}", "--embedding-model", "none", "--dtype", args.actorserve_dtype],
+             "--port", "{port}", "--embedding-model", "none", "--dtype", args.actorserve_dtype,
+             "--quantization", args.actorserve_quantization],
             "default", args, log_dir / "peers_actorserve.log")
     if args.only != "actorserve":
         if "transformers" in args.peers:

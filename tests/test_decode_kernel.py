@@ -11,13 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from actorserve.engine import cbuild
 from actorserve.engine import decode_kernel as dk
 from actorserve.engine.block_tables import BlockTables
 from actorserve.engine.paged_attention import PagedKV, paged_attention, plan_step
 from actorserve.engine.sequence import Sequence
 
 
-needs_cc = pytest.mark.skipif(dk._compiler() is None, reason="no C compiler to build the kernel "
+needs_cc = pytest.mark.skipif(cbuild.compiler() is None, reason="no C compiler to build the kernel "
                               "(make setup installs gcc where it can)")
 
 
@@ -110,7 +111,7 @@ def test_gather_when_asked_or_when_it_cannot_be_built(monkeypatch):
     with pytest.raises(ValueError, match="unknown decode attention"):
         dk.load("fast")
     monkeypatch.setattr(dk, "_loaded", {})
-    monkeypatch.setattr(dk, "_compiler", lambda: None)
+    monkeypatch.setattr(cbuild, "compiler", lambda: None)
     kernel, why = dk.load("auto")
     assert kernel is None and "no C compiler" in why and why.startswith("gather+sdpa")
     with pytest.raises(RuntimeError, match="cannot be built"):

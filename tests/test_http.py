@@ -75,8 +75,8 @@ async def test_generate_single_batch_ids_stream(tiny):
         assert info["served_model_name"] == NAME and info["max_model_len"] > 0
         sinfo = await (await http.get("/server_info")).json()
         assert sinfo["server_state"] == "serving" and "kv_used_blocks" in sinfo["scheduler"]
-        from actorserve.engine import decode_kernel
-        want = "inplace (paged_decode-" if decode_kernel._compiler() else "gather+sdpa (the in-place"
+        from actorserve.engine import cbuild
+        want = "inplace (paged_decode-" if cbuild.compiler() else "gather+sdpa (the in-place"
         assert sinfo["decode_attention"].startswith(want)        # what runs, and why
         await settle(rt)
 

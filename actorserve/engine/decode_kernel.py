@@ -9,12 +9,8 @@ reads every K and V row exactly once, straight from the cache, for all the query
 share it (GQA), with a float32 softmax; sequences of any mix of lengths share one call, with
 no padding and no grouping.
 
-How it is built. Plain C with OpenMP, no torch headers, so it compiles in about a second:
-``cc -O3 -march=native -fopenmp -shared``, into ``$ACTORSERVE_KERNEL_CACHE`` or
-``~/.cache/actorserve/kernels``, named by a hash of the source, the flags, the
-compiler's version and the CPU's model and flags (``-march=native`` code is only reused on the
-CPU it was built for), written to a temporary name and renamed into place. It is loaded with
-ctypes (which releases the GIL for the call); its ``libgomp`` is the one torch already loaded.
+How it is built: by `cbuild` (plain C with OpenMP, ``cc -O3 -march=native``, about a second
+on first use, cached by source, flags, compiler and CPU), loaded with ctypes.
 Where it cannot be built (no C compiler) or is turned off (``ACTORSERVE_DECODE_ATTENTION=gather``
 or ``--decode-attention gather``) the runner keeps the torch path and says why (`status`).
 """
@@ -22,20 +18,17 @@ or ``--decode-attention gather``) the runner keeps the torch path and says why (
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from . import cbuild
+
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-strict-aliasing", "-shared", "-fPIC", "-std=c11"]
 MODES = ("auto", "inplace", "gather")
 
 
@@ -74,54 +67,9 @@ class DecodeKernel:
 _loaded: dict[str, tuple[DecodeKernel | None, str]] = {}
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("ACTORSERVE_KERNEL_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "actorserve" / "kernels"
-
-
-def _cpu_key() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return "unknown-cpu"
-    keep = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))][:2]
-    return "\n".join(keep)
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
 def build(dest_dir: Path | None = None) -> Path:
-    """Compile the kernel (or find it already built); return the shared object's path.
-    Raises RuntimeError with the compiler's message when it cannot be built."""
-    cc = _compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    src = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS).encode(), version.encode(),
-                                     _cpu_key().encode()])).hexdigest()[:20]
-    dest_dir = dest_dir or _cache_dir()
-    dest = dest_dir / f"paged_decode-{key}.so"
-    if dest.exists():
-        return dest
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=dest_dir)
-    os.close(fd)
-    try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True,
-                              text=True, timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"{Path(cc).name} failed: {(done.stderr or done.stdout).strip()[-800:]}")
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return dest
+    """The kernel's shared object, compiled on first use (`cbuild.build`)."""
+    return cbuild.build("paged_decode", dest_dir)
 
 
 def load(mode: str | None = None) -> tuple[DecodeKernel | None, str]:

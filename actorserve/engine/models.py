@@ -231,11 +231,14 @@ def served_name(folder: Path) -> str:
 
 
 def load_model(spec: str | os.PathLike[str] | None = None, *, threads: int | None = None,
-               dtype: Any = None) -> tuple[Any, Any, Path]:
+               dtype: Any = None, quantization: str | None = None) -> tuple[Any, Any, Path]:
     """Load a causal LM and its tokenizer from `spec` (see `resolve_model`); fp32 by default.
 
     ``threads`` sets torch's intra-op thread count (``OMP_WAIT_POLICY=PASSIVE`` must already
     be in the environment before torch was first imported; the CLI does that).
+    ``quantization`` (`engine.quant`, e.g. ``q4``): the weights are quantized from their
+    float32 values (exact for a GGUF-converted model), then the model is cast to `dtype`;
+    the report is ``model.actorserve_quant``.
     """
     path = resolve_model(spec)
     _offline()
@@ -244,8 +247,15 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, threads: int | Non
 
     if threads:
         torch.set_num_threads(int(threads))
+    quantize = quantization not in (None, "", "none")
     model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=dtype or torch.float32, local_files_only=True)
+        str(path), dtype=torch.float32 if quantize else dtype or torch.float32, local_files_only=True)
+    model.actorserve_quant = None
+    if quantize:
+        from .quant import quantize_model
+        model.actorserve_quant = quantize_model(model, quantization)
+        if dtype is not None and dtype != torch.float32:
+            model.to(dtype)
     model.eval()
     model.requires_grad_(False)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)

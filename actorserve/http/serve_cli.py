@@ -27,6 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode attention: inplace = a C kernel (built on first use) reads the paged "
                         "KV cache where it lies; gather = torch copies each context out, then SDPA; "
                         "auto = inplace where a C compiler can build it")
+    p.add_argument("--quantization", default="none", choices=("none", "q4"),
+                   help="q4: decode steps of up to 8 rows read 4-bit copies of the linears (GGUF Q4_1 "
+                        "layout; the LM head 8-bit, Q8_0) through a C kernel; exact for a model "
+                        "converted from such a GGUF, like the default one (default: none)")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=None)
     p.add_argument("--speculative", default=None, choices=("ngram",),
@@ -96,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                           kv_memory_gb=args.kv_memory_gb, block_size=args.block_size,
                           dtype=getattr(args, "dtype", "auto"),
                           decode_attention=getattr(args, "decode_attention", "auto"),
+                          quantization=getattr(args, "quantization", "none"),
                           embedding_model=None if str(args.embedding_model).lower() in ("none", "off", "")
                           else args.embedding_model,
                           rerank_model=args.rerank_model, classify_model=args.classify_model),

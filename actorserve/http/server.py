@@ -43,6 +43,7 @@ class Built:
     model_path: str
     pool_models: Any = None            # target -> http.pooling.PoolModel (embed, rerank, classify)
     dtype_reason: str = ""             # why --dtype chose what it did ("auto: the CPU has amx_bf16")
+    quantization: str | None = None    # what --quantization did (engine.quant.QuantReport.describe)
 
 
 def kv_bytes_per_block(model_config: Any, block_size: int, dtype_bytes: int = 4) -> int:
@@ -73,7 +74,7 @@ def build_runtime(config: ServerConfig) -> Built:
     mc = config.model
     dtype, why = resolve_dtype(mc.dtype)
     log.info("dtype %s (%s)", dtype_name(dtype), why)
-    model, hf_tok, path = load_model(mc.model, threads=mc.threads, dtype=dtype)
+    model, hf_tok, path = load_model(mc.model, threads=mc.threads, dtype=dtype, quantization=mc.quantization)
     blocks = num_kv_blocks(model.config, kv_blocks=mc.kv_blocks, kv_memory_gb=mc.kv_memory_gb,
                            block_size=mc.block_size, dtype_bytes=dtype.itemsize)
     name = getattr(model, "actorserve_name", None) or str(path)
@@ -95,7 +96,9 @@ def build_runtime(config: ServerConfig) -> Built:
     runtime = Runtime(engine, config=config.scheduler, recorder=recorder,
                       pooling_engines={k: pm.engine for k, pm in pool.items()},
                       detokenizer=tokenizer.detokenizer_for)
-    return Built(runtime, tokenizer, name, str(path), pool, f"{dtype_name(dtype)} ({why})")
+    quant = getattr(model, "actorserve_quant", None)
+    return Built(runtime, tokenizer, name, str(path), pool, f"{dtype_name(dtype)} ({why})",
+                 quant.describe() if quant is not None else None)
 
 
 def make_app(config: ServerConfig, built: Built | None = None) -> web.Application:
@@ -105,6 +108,7 @@ def make_app(config: ServerConfig, built: Built | None = None) -> web.Applicatio
     from .state import CTX
     app[CTX].extra["model_path"] = built.model_path
     app[CTX].extra["dtype_reason"] = built.dtype_reason
+    app[CTX].extra["quantization"] = built.quantization
     return app
 
 

@@ -1,0 +1,177 @@
+"""Weight-only quantized decode (``--quantization q4``): fewer weight bytes per decode step.
+
+Why. Decoding a few sequences reads every weight once per step, so its speed is the weights'
+bytes over the memory bandwidth: SmolLM2-135M is 540 MB in fp32 and 270 MB in bf16, about
+9-10 GB/s on this 2-core box, hence 25-55 ms a token whatever the arithmetic. llama.cpp runs
+the same model from its GGUF's 4-bit blocks, about 98 MB.
+
+What. Every linear layer whose input size is a multiple of 32 keeps its dense weight (for
+prefill and wide batches, where the matmul is compute-bound and torch's kernels do well)
+and gains a quantized copy used by steps of at most `MAX_ROWS` rows, through the C kernels of
+`csrc/qgemv.c` (built by `cbuild`):
+
+* q4 (the transformer's linears): GGUF's Q4_1 layout, 32 weights a group along the input,
+  ``w = d * q + m``, q in 0..15, d and m float16: 5 bits a weight;
+* q8 (the LM head, which is tied to the embeddings in SmolLM2): GGUF's Q8_0, ``w = d * q``,
+  q int8, d float16: 8.5 bits a weight.
+
+Exact for GGUF models. The embedded default model is converted from a GGUF whose linears are
+Q4_1 and whose embeddings are Q8_0, and these are the quantizers that made them (min/max for
+Q4_1, absmax for Q8_0): re-quantizing the dequantized weights gives back the same q, d and m,
+so the quantized path computes with exactly the model's weights (`QuantReport.max_rel_err`
+says how close; 0 up to float32 rounding for the default model). For a model that was not
+quantized this way it is ordinary 4-bit quantization, with its usual loss: check it.
+
+Arithmetic. Activations and accumulation stay float32 in the kernel; the output is cast to the
+model's dtype.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import cbuild
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 8            # csrc/qgemv.c's MAXM: wider steps use the dense weight
+MODES = ("none", "q4")
+GROUP = 32
+
+
+def quantize_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[N, K]`` -> (packed uint8 ``[N, K/2]``, d float16 ``[N, K/32]``, m float16 ``[N, K/32]``):
+    per 32-weight group, m = its minimum, d = (max - min) / 15 (GGUF's Q4_1); byte j of a group
+    holds weight j in its low nibble and weight j + 16 in its high one."""
+    N, K = w.shape
+    g = w.detach().float().reshape(N, K // GROUP, GROUP)
+    lo, hi = g.amin(-1), g.amax(-1)
+    d16, m16 = ((hi - lo) / 15).half(), lo.half()
+    d, m = d16.float()[..., None], m16.float()[..., None]
+    q = torch.where(d > 0, torch.round((g - m) / torch.where(d > 0, d, 1)), 0).clamp_(0, 15).to(torch.uint8)
+    packed = q[..., :16] | (q[..., 16:] << 4)
+    return packed.reshape(N, K // 2).contiguous(), d16.contiguous(), m16.contiguous()
+
+
+def dequantize_q4(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    N, half = packed.shape
+    p = packed.reshape(N, half // 16, 16)
+    q = torch.cat([p & 0xF, p >> 4], dim=-1).float()
+    return (q * d.float()[..., None] + m.float()[..., None]).reshape(N, half * 2)
+
+
+def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, K]`` -> (int8 ``[N, K]``, d float16 ``[N, K/32]``): d = absmax / 127 per group (Q8_0)."""
+    N, K = w.shape
+    g = w.detach().float().reshape(N, K // GROUP, GROUP)
+    d16 = (g.abs().amax(-1) / 127).half()
+    d = d16.float()[..., None]
+    q = torch.where(d > 0, torch.round(g / torch.where(d > 0, d, 1)), 0).clamp_(-127, 127).to(torch.int8)
+    return q.reshape(N, K).contiguous(), d16.contiguous()
+
+
+def dequantize_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    N, K = q.shape
+    return (q.reshape(N, K // GROUP, GROUP).float() * d.float()[..., None]).reshape(N, K)
+
+
+class _Lib:
+    def __init__(self) -> None:
+        lib = ctypes.CDLL(str(cbuild.build("qgemv")))
+        p, i = ctypes.c_void_p, ctypes.c_int
+        self.q4 = lib.q4_gemv
+        self.q4.argtypes = [p, i, i, p, p, p, i, p, p, i]
+        self.q8 = lib.q8_gemv
+        self.q8.argtypes = [p, i, i, p, p, i, p, i]
+        self.q4.restype = self.q8.restype = ctypes.c_int
+
+
+class QuantLinear:
+    """Replaces one ``nn.Linear``'s forward: at most `MAX_ROWS` rows go through the quantized
+    kernel, more through the dense weight the module keeps."""
+
+    def __init__(self, module: torch.nn.Linear, kind: str, lib: _Lib) -> None:
+        self.module, self.kind, self.lib = module, kind, lib
+        w = module.weight
+        self.N, self.K = w.shape
+        if kind == "q4":
+            self.q, self.d, self.m = quantize_q4(w)
+            self.err = (dequantize_q4(self.q, self.d, self.m) - w.float()).abs().max().item()
+        else:
+            self.q, self.d = quantize_q8(w)
+            self.m = None
+            self.err = (dequantize_q8(self.q, self.d) - w.float()).abs().max().item()
+        self.scale = w.float().abs().max().item() or 1.0
+        self.bias = None if module.bias is None else module.bias.detach().float()
+        self.nbytes = self.q.numel() * self.q.element_size() + self.d.numel() * 2 * (2 if self.m is not None else 1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        K = x.shape[-1]
+        rows = x.numel() // K if K else 0
+        if rows == 0 or rows > MAX_ROWS or x.requires_grad:
+            return F.linear(x, self.module.weight, self.module.bias)
+        xf = x.reshape(rows, K).to(torch.float32).contiguous()
+        y = torch.empty(rows, self.N, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        if self.kind == "q4":
+            xs = xf.view(rows, K // GROUP, GROUP).sum(-1)
+            rc = self.lib.q4(xf.data_ptr(), rows, K, self.q.data_ptr(), self.d.data_ptr(), self.m.data_ptr(),
+                             self.N, xs.data_ptr(), y.data_ptr(), threads)
+        else:
+            rc = self.lib.q8(xf.data_ptr(), rows, K, self.q.data_ptr(), self.d.data_ptr(), self.N,
+                             y.data_ptr(), threads)
+        if rc != 0:
+            raise RuntimeError(f"qgemv refused rows={rows} K={K}")
+        if self.bias is not None:
+            y += self.bias
+        return y.to(x.dtype).view(*x.shape[:-1], self.N)
+
+
+@dataclass(frozen=True, slots=True)
+class QuantReport:
+    mode: str
+    layers: int                 # linears given a quantized copy
+    skipped: int                # linears left dense (input size not a multiple of 32)
+    quant_bytes: int            # bytes a decode step reads from the quantized copies
+    dense_bytes: int            # what the same layers hold dense, in the model's dtype
+    max_rel_err: float          # max |dequantized - dense| / max |dense| over the layers
+
+    def describe(self) -> str:
+        return (f"{self.mode}: {self.layers} linears quantized ({self.quant_bytes / 1e6:.0f} MB read "
+                f"per decode step instead of {self.dense_bytes / 1e6:.0f} MB; steps of <= {MAX_ROWS} rows), "
+                f"{self.skipped} left dense, max relative weight error {self.max_rel_err:.2g}")
+
+
+def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
+    """Give every eligible linear of `model` a quantized decode path (see the module docstring);
+    the LM head gets q8, the rest q4. None for mode ``none``."""
+    mode = (mode or "none").lower()
+    if mode not in MODES:
+        raise ValueError(f"unknown quantization {mode!r}; use one of {', '.join(MODES)}")
+    if mode == "none":
+        return None
+    lib = _Lib()
+    head = model.get_output_embeddings()
+    layers = skipped = qbytes = dbytes = 0
+    err = 0.0
+    for mod in model.modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        if mod.in_features % GROUP:
+            skipped += 1
+            continue
+        ql = QuantLinear(mod, "q8" if mod is head else "q4", lib)
+        mod.forward = ql                       # an instance attribute: nn.Module.__call__ finds it
+        layers += 1
+        qbytes += ql.nbytes
+        dbytes += mod.weight.numel() * mod.weight.element_size()
+        err = max(err, ql.err / ql.scale)
+    report = QuantReport(mode, layers, skipped, qbytes, dbytes, err)
+    log.info("quantization %s", report.describe())
+    return report

@@ -1,0 +1,98 @@
+"""Weight-only quantized decode (`engine.quant`, `csrc/qgemv.c`): the Q4_1 / Q8_0 layouts round
+trip exactly on their own grids, the kernels equal a dense product with the dequantized
+weights for 1..8 rows, wider steps take the dense weight, and on the default model (converted
+from a Q4_1/Q8_0 GGUF) the quantized copies are its weights exactly and greedy decoding is
+unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from actorserve.engine import cbuild, quant
+
+pytestmark = pytest.mark.skipif(cbuild.compiler() is None, reason="no C compiler to build the kernels")
+
+
+def _q4_grid(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Weights exactly on a Q4_1 grid: per group fp16 d and m, q in 0..15 with 0 and 15 used."""
+    q = torch.randint(0, 16, (n, k // 32, 32), generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15
+    d = (torch.rand(n, k // 32, 1, generator=gen) * 0.05 + 1e-3).half().float()
+    m = (torch.randn(n, k // 32, 1, generator=gen) * 0.1).half().float()
+    return (q * d + m).reshape(n, k)
+
+
+def test_q4_and_q8_round_trip_exactly_on_their_grids():
+    gen = torch.Generator().manual_seed(0)
+    w = _q4_grid(24, 96, gen)
+    packed, d, m = quant.quantize_q4(w)
+    assert packed.dtype == torch.uint8 and packed.shape == (24, 48) and d.dtype == torch.float16
+    assert torch.equal(quant.dequantize_q4(packed, d, m), w)
+    # byte j of a group: weight j low, weight j + 16 high
+    q0 = torch.round((w[0, :32] - m[0, 0].float()) / d[0, 0].float()).to(torch.uint8)
+    assert packed[0, :16].tolist() == (q0[:16] | (q0[16:] << 4)).tolist()
+    qs = torch.randint(-127, 128, (8, 64), generator=gen).float()
+    qs[:, 0] = 127
+    qs[:, 32] = -127
+    d8 = (torch.rand(8, 2, 1, generator=gen) * 0.01 + 1e-4).half().float()
+    w8 = (qs.view(8, 2, 32) * d8).reshape(8, 64)
+    q8, dd = quant.quantize_q8(w8)
+    assert torch.equal(quant.dequantize_q8(q8, dd), w8)
+    flat = torch.zeros(4, 32)                                  # a constant group: d = 0, no NaN
+    assert torch.equal(quant.dequantize_q4(*quant.quantize_q4(flat)), flat)
+
+
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_equals_the_dense_product_of_the_dequantized_weights(kind, dtype):
+    gen = torch.Generator().manual_seed(1)
+    lin = torch.nn.Linear(160, 72, bias=True)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(72, 160, generator=gen) * 0.1)
+        lin.bias.copy_(torch.randn(72, generator=gen))
+    ql = quant.QuantLinear(lin, kind, quant._Lib())
+    deq = quant.dequantize_q4(ql.q, ql.d, ql.m) if kind == "q4" else quant.dequantize_q8(ql.q, ql.d)
+    assert ql.err == (deq - lin.weight).abs().max().item() > 0         # random weights: lossy
+    lin.to(dtype)
+    for rows in range(1, quant.MAX_ROWS + 1):
+        x = torch.randn(rows, 160, generator=gen).to(dtype)
+        want = F.linear(x.float(), deq, lin.bias.float())
+        got = ql(x)
+        assert got.dtype == dtype and got.shape == (rows, 72)
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.float(), want.to(dtype).float(), atol=tol, rtol=tol)
+    x3 = torch.randn(2, 3, 160, generator=gen).to(dtype)               # leading dims kept
+    assert ql(x3).shape == (2, 3, 72)
+    wide = torch.randn(quant.MAX_ROWS + 1, 160, generator=gen).to(dtype)  # wider: the dense weight
+    torch.testing.assert_close(ql(wide), F.linear(wide, lin.weight, lin.bias))
+
+
+def test_quantize_model_patches_the_linears_and_refuses_unknown_modes():
+    with pytest.raises(ValueError, match="unknown quantization"):
+        quant.quantize_model(torch.nn.Linear(32, 4), "q2")
+    assert quant.quantize_model(torch.nn.Linear(32, 4), "none") is None
+
+
+@pytest.mark.model
+def test_default_model_q4_is_its_own_weights_and_decodes_the_same():
+    from actorserve.engine.models import load_model
+    from actorserve.engine.runner import build_engine
+    from test_dtype import PROMPTS, greedy
+
+    model, tok, _ = load_model("default", threads=2)
+    dense = build_engine(model, num_blocks=64, block_size=16)
+    prompts = [tok.encode(p) for p in PROMPTS]
+    ref = [greedy(dense, p, 16) for p in prompts]
+    qmodel, _, _ = load_model("default", threads=2, quantization="q4")
+    rep = qmodel.actorserve_quant
+    assert rep.layers == 211 and rep.skipped == 0                  # 210 linears + the LM head
+    assert rep.max_rel_err == 0.0                                  # the GGUF's own Q4_1 / Q8_0
+    assert rep.quant_bytes < 0.2 * rep.dense_bytes
+    calls = []
+    head = qmodel.lm_head.forward
+    qmodel.lm_head.forward = lambda x: (calls.append(x.shape[0]), head(x))[1]
+    got = [greedy(build_engine(qmodel, num_blocks=64, block_size=16), p, 16) for p in prompts]
+    assert got == ref
+    assert calls and max(calls) <= quant.MAX_ROWS
