@@ -85,11 +85,9 @@ class _Lib:
     def __init__(self) -> None:
         lib = ctypes.CDLL(str(cbuild.build("qgemv")))
         p, i = ctypes.c_void_p, ctypes.c_int
-        self.q4 = lib.q4_gemv
-        self.q4.argtypes = [p, i, i, p, p, p, i, p, p, i]
-        self.q8 = lib.q8_gemv
-        self.q8.argtypes = [p, i, i, p, p, i, p, i]
-        self.q4.restype = self.q8.restype = ctypes.c_int
+        self.qgemv = lib.qgemv
+        self.qgemv.argtypes = [i, p, i, i, i, p, p, p, i, p, p, i, i]
+        self.qgemv.restype = ctypes.c_int
 
 
 class QuantLinear:
@@ -98,6 +96,7 @@ class QuantLinear:
 
     def __init__(self, module: torch.nn.Linear, kind: str, lib: _Lib) -> None:
         self.module, self.kind, self.lib = module, kind, lib
+        self.bits = 4 if kind == "q4" else 8
         w = module.weight
         self.N, self.K = w.shape
         if kind == "q4":
@@ -114,23 +113,23 @@ class QuantLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         K = x.shape[-1]
         rows = x.numel() // K if K else 0
-        if rows == 0 or rows > MAX_ROWS or x.requires_grad:
+        if rows == 0 or rows > MAX_ROWS or x.requires_grad or x.dtype not in _KERNEL_DTYPES:
             return F.linear(x, self.module.weight, self.module.bias)
-        xf = x.reshape(rows, K).to(torch.float32).contiguous()
-        y = torch.empty(rows, self.N, dtype=torch.float32)
-        threads = torch.get_num_threads()
-        if self.kind == "q4":
-            xs = xf.view(rows, K // GROUP, GROUP).sum(-1)
-            rc = self.lib.q4(xf.data_ptr(), rows, K, self.q.data_ptr(), self.d.data_ptr(), self.m.data_ptr(),
-                             self.N, xs.data_ptr(), y.data_ptr(), threads)
-        else:
-            rc = self.lib.q8(xf.data_ptr(), rows, K, self.q.data_ptr(), self.d.data_ptr(), self.N,
-                             y.data_ptr(), threads)
+        x2 = x.reshape(rows, K)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        y = torch.empty((rows, self.N), dtype=x.dtype)
+        bf16 = int(x.dtype == torch.bfloat16)
+        rc = self.lib.qgemv(self.bits, x2.data_ptr(), bf16, rows, K, self.q.data_ptr(), self.d.data_ptr(),
+                            self.m.data_ptr() if self.m is not None else None, self.N,
+                            self.bias.data_ptr() if self.bias is not None else None,
+                            y.data_ptr(), bf16, torch.get_num_threads())
         if rc != 0:
             raise RuntimeError(f"qgemv refused rows={rows} K={K}")
-        if self.bias is not None:
-            y += self.bias
-        return y.to(x.dtype).view(*x.shape[:-1], self.N)
+        return y.view(*x.shape[:-1], self.N)
+
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True, slots=True)

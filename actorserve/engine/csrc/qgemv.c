@@ -9,6 +9,7 @@
  * read: 5 bits a weight (q4) or 8.5 (q8) instead of 16 (bf16) or 32 (fp32). Each weight group
  * is unpacked once and used for all M rows; float32 accumulation; OpenMP over N. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAXM 8
@@ -43,7 +44,7 @@ static inline float half_to_float(uint16_t h) {
 static inline __attribute__((always_inline)) void q4_row(
         const float *restrict x, const int M, int K, const uint8_t *restrict qn,
         const uint16_t *restrict dn, const uint16_t *restrict mn, const float *restrict xs,
-        float *restrict y, int N, int n) {
+        float *restrict res) {
     int G = K / 32;
     __m512 acc[MAXM];
     float macc[MAXM];
@@ -62,12 +63,12 @@ static inline __attribute__((always_inline)) void q4_row(
             macc[r] += mg * xs[(size_t)r * G + g];
         }
     }
-    for (int r = 0; r < M; r++) y[(size_t)r * N + n] = _mm512_reduce_add_ps(acc[r]) + macc[r];
+    for (int r = 0; r < M; r++) res[r] = _mm512_reduce_add_ps(acc[r]) + macc[r];
 }
 
 static inline __attribute__((always_inline)) void q8_row(
         const float *restrict x, const int M, int K, const int8_t *restrict qn,
-        const uint16_t *restrict dn, float *restrict y, int N, int n) {
+        const uint16_t *restrict dn, float *restrict res) {
     int G = K / 32;
     __m512 acc[MAXM];
     for (int r = 0; r < M; r++) acc[r] = _mm512_setzero_ps();
@@ -83,7 +84,7 @@ static inline __attribute__((always_inline)) void q8_row(
             acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r]);
         }
     }
-    for (int r = 0; r < M; r++) y[(size_t)r * N + n] = _mm512_reduce_add_ps(acc[r]);
+    for (int r = 0; r < M; r++) res[r] = _mm512_reduce_add_ps(acc[r]);
 }
 #else
 /* One output row n of q4 for M input rows; M is a compile-time constant in the copies the
@@ -91,7 +92,7 @@ static inline __attribute__((always_inline)) void q8_row(
 static inline __attribute__((always_inline)) void q4_row(
         const float *restrict x, const int M, int K, const uint8_t *restrict qn,
         const uint16_t *restrict dn, const uint16_t *restrict mn, const float *restrict xs,
-        float *restrict y, int N, int n) {
+        float *restrict res) {
     int G = K / 32;
     float acc[MAXM][16] __attribute__((aligned(64))), macc[MAXM];
     for (int r = 0; r < M; r++) {
@@ -117,13 +118,13 @@ static inline __attribute__((always_inline)) void q4_row(
     for (int r = 0; r < M; r++) {
         float s = macc[r];
         for (int e = 0; e < 16; e++) s += acc[r][e];
-        y[(size_t)r * N + n] = s;
+        res[r] = s;
     }
 }
 
 static inline __attribute__((always_inline)) void q8_row(
         const float *restrict x, const int M, int K, const int8_t *restrict qn,
-        const uint16_t *restrict dn, float *restrict y, int N, int n) {
+        const uint16_t *restrict dn, float *restrict res) {
     int G = K / 32;
     float acc[MAXM][32] __attribute__((aligned(64)));
     for (int r = 0; r < M; r++)
@@ -142,7 +143,7 @@ static inline __attribute__((always_inline)) void q8_row(
     for (int r = 0; r < M; r++) {
         float s = 0.f;
         for (int e = 0; e < 32; e++) s += acc[r][e];
-        y[(size_t)r * N + n] = s;
+        res[r] = s;
     }
 }
 
@@ -152,27 +153,57 @@ static inline __attribute__((always_inline)) void q8_row(
     case 4: CALL(4); break; case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; \
     default: CALL(8); }
 
-/* xs[r][g] = the sum of x[r]'s group g (the q4 minimum's share) */
-int q4_gemv(const float *x, int M, int K, const uint8_t *q, const uint16_t *d, const uint16_t *m,
-            int N, const float *xs, float *y, int nthreads) {
-    if (M < 1 || M > MAXM || K % 32) return -1;
-    int G = K / 32;
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int n = 0; n < N; n++) {
-#define Q4(M_) q4_row(x, M_, K, q + (size_t)n * K / 2, d + (size_t)n * G, m + (size_t)n * G, xs, y, N, n)
-        CASES(Q4)
-    }
-    return 0;
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
-int q8_gemv(const float *x, int M, int K, const int8_t *q, const uint16_t *d, int N, float *y,
-            int nthreads) {
-    if (M < 1 || M > MAXM || K % 32) return -1;
+static inline uint16_t float_to_bf16(float f) {      /* round to nearest even */
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7f800000) == 0x7f800000) return (uint16_t)(bits >> 16) | ((bits & 0xffff) ? 0x40 : 0);
+    bits += 0x7fff + ((bits >> 16) & 1);
+    return (uint16_t)(bits >> 16);
+}
+
+/* y[M, N] = x[M, K] @ W^T (+ bias): `kind` 4 (q4: q packed nibbles, d and m) or 8 (q8: q int8,
+ * d; m unused); x and y float32 or bfloat16 (the flags), bias float32 or NULL. x is widened
+ * once to float32 (with q4's per-group sums) before the rows are spread over the threads.
+ * Returns 0, or -1 for a shape it does not take (M outside 1..8, K not a multiple of 32) or
+ * no memory. */
+int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, const uint16_t *d,
+          const uint16_t *m, int N, const float *bias, void *y, int y_bf16, int nthreads) {
+    if (M < 1 || M > MAXM || K % 32 || (kind != 4 && kind != 8)) return -1;
     int G = K / 32;
+    float *xf = malloc(sizeof(float) * ((size_t)M * K + (size_t)M * G));
+    if (!xf) return -1;
+    float *xs = xf + (size_t)M * K;
+    for (size_t i = 0; i < (size_t)M * K; i++)
+        xf[i] = x_bf16 ? bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+    for (size_t i = 0; i < (size_t)M * G; i++) {
+        float sum = 0.f;
+        for (int e = 0; e < 32; e++) sum += xf[i * 32 + e];
+        xs[i] = sum;
+    }
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
-#define Q8(M_) q8_row(x, M_, K, q + (size_t)n * K, d + (size_t)n * G, y, N, n)
-        CASES(Q8)
+        float res[MAXM];
+        if (kind == 4) {
+#define Q4(M_) q4_row(xf, M_, K, (const uint8_t *)q + (size_t)n * K / 2, d + (size_t)n * G, m + (size_t)n * G, xs, res)
+            CASES(Q4)
+        } else {
+#define Q8(M_) q8_row(xf, M_, K, (const int8_t *)q + (size_t)n * K, d + (size_t)n * G, res)
+            CASES(Q8)
+        }
+        float b = bias ? bias[n] : 0.f;
+        for (int r = 0; r < M; r++) {
+            size_t at = (size_t)r * N + n;
+            if (y_bf16) ((uint16_t *)y)[at] = float_to_bf16(res[r] + b);
+            else ((float *)y)[at] = res[r] + b;
+        }
     }
+    free(xf);
     return 0;
 }
