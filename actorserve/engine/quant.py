@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 MAX_ROWS = 8            # csrc/qgemv.c's MAXM: wider steps use the dense weight
 MODES = ("none", "q4")
+# Weights below which a product runs on one thread: waking the other OpenMP threads costs more
+# than they save on a small matrix (measured on 2 cores, benchmarks/quant_decode.py).
+PARALLEL_MIN = 4_000_000
 GROUP = 32
 
 
@@ -123,7 +126,7 @@ class QuantLinear:
         rc = self.lib.qgemv(self.bits, x2.data_ptr(), bf16, rows, K, self.q.data_ptr(), self.d.data_ptr(),
                             self.m.data_ptr() if self.m is not None else None, self.N,
                             self.bias.data_ptr() if self.bias is not None else None,
-                            y.data_ptr(), bf16, torch.get_num_threads())
+                            y.data_ptr(), bf16, 1 if self.N * self.K < PARALLEL_MIN else torch.get_num_threads())
         if rc != 0:
             raise RuntimeError(f"qgemv refused rows={rows} K={K}")
         return y.view(*x.shape[:-1], self.N)

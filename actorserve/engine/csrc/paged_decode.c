@@ -120,8 +120,13 @@ int paged_decode(const float *q, const void *K, const void *V, int bf16,
                  int D, int nkv, int g, int d, int bs, float scale, float softcap,
                  float *out, int nthreads) {
     int max_ctx = 0;
-    for (int i = 0; i < D; i++)
+    size_t total = 0;
+    for (int i = 0; i < D; i++) {
         if (ctx[i] > max_ctx) max_ctx = ctx[i];
+        total += (size_t)ctx[i];
+    }
+    /* a small step on one thread: waking the others costs more than they would save */
+    if (total * (size_t)nkv * (size_t)d < ((size_t)1 << 18)) nthreads = 1;
     size_t stride = ((size_t)max_ctx + 15) & ~(size_t)15;
     /* few sequences: one unit per head, so every thread has work; else whole sequences */
     int split = D < 4 * nthreads ? nkv : 1, per = nkv / split;

@@ -1,0 +1,102 @@
+"""Quantized decode (`--quantization q4`) against the dense weights, in the engine alone.
+
+The real `PagedLlamaRunner` on the embedded SmolLM2-135M-Instruct, one greedy sequence (or
+B of them, B in ``--batches``, default 1, 4, 8: the steps the q4 kernels take) prefilled
+from a 14-token prompt, then ``--decode`` decode steps. Configurations, all in this run:
+fp32 dense, bf16 dense, q4 with fp32 activations, q4 with bf16 activations; for q4 at B=1
+also with every product on all threads (``PARALLEL_MIN = 0``), which is why small products
+run on one. Figures are ms per decode step (best of ``--repeats``) and the ratio of each to
+fp32 dense; ``greedy_same`` says whether q4-fp32's tokens equal dense fp32's (the default
+model's q4 weights are its own, so they should).
+
+    .venv/bin/python benchmarks/quant_decode.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from actorserve.engine import quant  # noqa: E402
+from actorserve.engine.params import SamplingParams  # noqa: E402
+from actorserve.engine.runner import build_engine  # noqa: E402
+from actorserve.engine.sequence import Sequence  # noqa: E402
+
+
+def decode(engine: Any, prompt: list[int], b: int, n: int) -> tuple[float, list[int]]:
+    """ms per decode step of `b` copies of `prompt`, and the first copy's tokens."""
+    bs = engine.kv.block_size
+    need = -(-(len(prompt) + n + 1) // bs)
+    seqs = []
+    for i in range(b):
+        s = Sequence(f"q{i}", prompt, sampling=SamplingParams(temperature=0.0, max_new_tokens=n))
+        s.block_table = list(range(i * need, (i + 1) * need))
+        seqs.append(s)
+    outs = engine.execute([(s, s.num_tokens) for s in seqs])
+    for s, o in zip(seqs, outs):
+        s.num_computed = s.num_tokens
+        s.output_ids.append(o.token_id)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        outs = engine.execute([(s, 1) for s in seqs])
+        for s, o in zip(seqs, outs):
+            s.num_computed += 1
+            s.output_ids.append(o.token_id)
+    ms = (time.perf_counter() - t0) / n * 1e3
+    for s in seqs:
+        engine.release(s)
+    return ms, list(seqs[0].output_ids)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="default")
+    p.add_argument("--batches", default="1,4,8")
+    p.add_argument("--decode", type=int, default=24)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    from actorserve.engine.models import load_model
+
+    batches = [int(x) for x in args.batches.split(",")]
+    configs = [("fp32", torch.float32, "none"), ("bf16", torch.bfloat16, "none"),
+               ("q4_fp32", torch.float32, "q4"), ("q4_bf16", torch.bfloat16, "q4")]
+    result: dict[str, Any] = {"threads": torch.get_num_threads(), "decode_steps": args.decode}
+    tokens: dict[str, list[int]] = {}
+    for name, dtype, q in configs:
+        model, tok, _ = load_model(args.model, dtype=dtype, quantization=q)
+        engine = build_engine(model, num_blocks=max(batches) * 8 + 8, block_size=16)
+        prompt = tok.encode("Request 1: write a short story about a dragon and a knight")
+        fig: dict[str, Any] = {}
+        for b in batches:
+            decode(engine, prompt, b, 4)
+            fig[f"B{b}_ms"] = round(min(decode(engine, prompt, b, args.decode)[0] for _ in range(args.repeats)), 2)
+        tokens[name] = decode(engine, prompt, 1, args.decode)[1]
+        if name == "q4_fp32":
+            keep, quant.PARALLEL_MIN = quant.PARALLEL_MIN, 0
+            fig["B1_all_threads_ms"] = round(min(decode(engine, prompt, 1, args.decode)[0]
+                                                 for _ in range(args.repeats)), 2)
+            quant.PARALLEL_MIN = keep
+        if q != "none":
+            fig["report"] = model.actorserve_quant.describe()
+        result[name] = fig
+        print(f"{name}: {fig}", file=sys.stderr, flush=True)
+        del engine, model
+    for name, *_ in configs[1:]:
+        result[name]["speedup_vs_fp32"] = {f"B{b}": round(result["fp32"][f"B{b}_ms"] / result[name][f"B{b}_ms"], 2)
+                                           for b in batches}
+    result["greedy_same_q4_fp32_vs_fp32"] = tokens["q4_fp32"] == tokens["fp32"]
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
