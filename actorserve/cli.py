@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 # Subcommand name -> module that defines `add_arguments(parser)` and `run(args) -> int`.
@@ -34,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Spinning OpenMP threads starve the event loop on a busy box: set before torch loads.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # OpenMP's wait policy and a short spin (`omp`): set before torch loads.
+    from .omp import apply_defaults
+    apply_defaults()
     args = build_parser().parse_args(argv)
     return int(args._run(args) or 0)
 

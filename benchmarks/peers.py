@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from actorserve.omp import OMP_ENV  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import aiohttp  # noqa: E402
@@ -167,7 +168,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 def run_one(name: str, cmd: list[str], model: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
     port = free_port()
     cmd = [c.replace("{port}", str(port)) for c in cmd]
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
+    env = dict(os.environ, **OMP_ENV, HF_HUB_OFFLINE="1")   # the same OpenMP settings for every server
     result: dict[str, Any] = {"cmd": " ".join(cmd)}
     with open(log, "w") as logf:
         try:

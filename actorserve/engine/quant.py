@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,9 +43,23 @@ log = logging.getLogger(__name__)
 
 MAX_ROWS = 8            # csrc/qgemv.c's MAXM: wider steps use the dense weight
 MODES = ("none", "q4")
-# Weights below which a product runs on one thread: waking the other OpenMP threads costs more
-# than they save on a small matrix (measured on 2 cores, benchmarks/quant_decode.py).
-PARALLEL_MIN = 4_000_000
+
+
+def _parallel_min() -> int:
+    """Weights below which a product runs on one thread. With ``OMP_WAIT_POLICY=PASSIVE`` and no
+    spin, OpenMP threads sleep between parallel regions and waking them for a small matrix
+    costs more than they save (one SmolLM2 sequence: 26.2 ms a step with every product
+    parallel, 17.8 with this rule); with a short spin (``GOMP_SPINCOUNT``, which the CLI sets)
+    they are still awake for the next product and every product is better parallel
+    (benchmarks/quant_decode.py)."""
+    try:
+        spin = int(os.environ.get("GOMP_SPINCOUNT", "0"))
+    except ValueError:
+        spin = 0
+    return 0 if spin > 0 else 4_000_000
+
+
+PARALLEL_MIN = _parallel_min()
 GROUP = 32
 
 

@@ -38,6 +38,7 @@ from typing import IO, Any, Callable
 
 import aiohttp
 
+from ..omp import OMP_ENV
 from .supervisor import Replica, ReplicaState, RouterFleet, _spawn, free_port, router_argv
 
 POLL_S = 0.5
@@ -143,7 +144,7 @@ class RayFleet(RouterFleet):
         await self._await_router()
         remote = ray.remote(ReplicaServer).options(
             num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=-1, max_task_retries=0,
-            runtime_env={"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}})
+            runtime_env={"env_vars": dict(OMP_ENV)})
         for r in self.replicas:
             r.handle = remote.remote(r.argv, r.name)
             r.placement = {"CPU": self.cpus, "GPU": self.gpus}

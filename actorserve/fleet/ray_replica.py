@@ -27,7 +27,8 @@ READY_TIMEOUT_S = 600.0
 
 class ReplicaServer:
     def __init__(self, serve_args: list[str], name: str) -> None:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")     # before torch loads
+        from ..omp import apply_defaults
+        apply_defaults()                                         # before torch loads
         import ray
 
         from ..http import serve_cli

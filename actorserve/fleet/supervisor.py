@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Callable
 
+from ..omp import OMP_ENV
+
 import aiohttp
 
 STABLE_S = 30.0
@@ -86,7 +88,7 @@ class Replica:
 def _spawn(argv: list[str], log: IO[bytes] | None) -> subprocess.Popen:
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,
                             stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
-                            start_new_session=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+                            start_new_session=True, env={**os.environ, **OMP_ENV})
 
 
 def _signal_group(proc: subprocess.Popen | None, sig: int) -> None:
