@@ -134,3 +134,24 @@ def test_replica_and_head_command_lines():
     assert "--port=6379" in head and "--temp-dir=/tmp/t" in head and "--num-cpus=2" in head
     for opt in ("--metrics-export-port", "--dashboard-agent-listen-port", "--runtime-env-agent-port"):
         assert any(a.startswith(opt + "=") and int(a.split("=")[1]) > 0 for a in head)
+
+
+async def test_a_head_that_dies_at_start_is_started_again_a_bounded_number_of_times(monkeypatch, tmp_path):
+    """No namespace needed: `ray start` stands in for one that exits at once (e.g. a port taken
+    between choosing it and binding it); each try gets fresh ports, then a clear error."""
+    from actorserve.fleet import ray_fleet
+
+    ports: list[int] = []
+    monkeypatch.setattr(ray_fleet, "_cluster_known", lambda: False)
+    monkeypatch.setattr(ray_fleet, "head_argv",
+                        lambda port, cpus, d: (ports.append(port), ["sh", "-c", "exit 3"])[1])
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):   # the fleet sets them:
+        monkeypatch.setenv(key, "")                                          # undone after the test
+        monkeypatch.delenv(key)
+    with open(tmp_path / "fleet.log", "wb") as log:
+        fleet = ray_fleet.RayFleet(lambda i: [], 2, "round_robin", log=log)
+        with pytest.raises(RuntimeError, match="ray start exited with 3, 3 times"):
+            await fleet._join_or_start()
+    assert len(ports) == ray_fleet.HEAD_ATTEMPTS == 3
+    assert (tmp_path / "fleet.log").read_text().count("starting it again on fresh ports") == 2

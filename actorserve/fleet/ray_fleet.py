@@ -101,6 +101,9 @@ def _ray_join(address: str) -> bool:
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
+HEAD_ATTEMPTS = 3          # starts of a private cluster's head before giving up
+
+
 class RayFleet(RouterFleet):
     """The same surface as `supervisor.Fleet` (the front uses it unchanged), over Ray actors."""
 
@@ -175,16 +178,29 @@ class RayFleet(RouterFleet):
         self.head_dir = tempfile.mkdtemp(prefix="actorserve-ray-", dir=base)
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
         os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
-        port = free_port()
-        self.head = _spawn(head_argv(port, os.cpu_count() or 1, self.head_dir), self.log)
         end = time.monotonic() + 120
-        # ray.init waits minutes for a GCS that is not there: join only once its port answers
-        while not await _port_open(port) or not _ray_join(f"127.0.0.1:{port}"):
-            if self.head.poll() is not None:
-                raise RuntimeError(f"ray start exited with {self.head.returncode} (see the fleet log)")
-            if time.monotonic() > end:
-                raise RuntimeError("the private Ray cluster did not come up in 120s")
-            await asyncio.sleep(0.5)
+        for attempt in range(1, HEAD_ATTEMPTS + 1):
+            # the ports are chosen free, then bound by Ray's daemons: another process can take
+            # one in between (seen once in a test run: `ray start` exited 1), so a head that
+            # dies before it answers is started again on fresh ports, a bounded number of times
+            port = free_port()
+            self.head = _spawn(head_argv(port, os.cpu_count() or 1, self.head_dir), self.log)
+            # ray.init waits minutes for a GCS that is not there: join only once its port answers
+            while not await _port_open(port) or not _ray_join(f"127.0.0.1:{port}"):
+                if self.head.poll() is not None:
+                    break
+                if time.monotonic() > end:
+                    raise RuntimeError("the private Ray cluster did not come up in 120s")
+                await asyncio.sleep(0.5)
+            else:
+                return
+            if attempt == HEAD_ATTEMPTS:
+                raise RuntimeError(f"ray start exited with {self.head.returncode}, {attempt} times "
+                                   "(see the fleet log)")
+            if self.log is not None:
+                self.log.write(f"actorserve fleet: ray start exited with {self.head.returncode}; starting "
+                               f"it again on fresh ports ({attempt + 1}/{HEAD_ATTEMPTS})\n".encode())
+                self.log.flush()
 
     async def _await_router(self) -> None:
         end = time.monotonic() + 60
