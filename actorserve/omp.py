@@ -1,22 +1,26 @@
-"""OpenMP settings every actorserve process takes before torch loads.
+"""OpenMP settings every actorserve process takes before torch loads (the environment wins).
 
-``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP threads sleep instead of spinning; with spinning
-threads on a busy 2-core box decode fell from 18 to 1 tok/s (the event loop and the HTTP
-server starved).
+``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP threads sleep instead of spinning. With spinning
+threads on a busy 2-core box decode fell from 18 to 1 tok/s: the event loop and the HTTP
+server starved.
 
-``GOMP_SPINCOUNT=10000``: but a thread that sleeps at once after each parallel region has to
-be woken for the next one, tens of microseconds each, and a decode step is hundreds of small
-regions. A short, bounded spin (10,000 iterations, tens of microseconds) keeps the threads
-awake between the regions of one step and lets them sleep between steps. Measured on 2 cores
-(benchmarks/quant_decode.py, one run each): bf16 decode at one sequence 38.6 -> 30.1 ms a step,
-at eight 46.9 -> 36.4; q4 at one 17.6 -> 13.1. Both are defaults: the environment wins.
+No spin (``GOMP_SPINCOUNT`` left unset, so 0 under PASSIVE), although the engine alone is
+faster with a short one. With ``GOMP_SPINCOUNT=10000`` the threads stay awake between the
+hundreds of small parallel regions of one step. Measured on 2 cores:
+- the engine alone (`benchmarks/quant_decode.py`): bf16 decode at one sequence went from 38.6 to
+  30.1 ms a step, and q4 from 17.6 to 13.1;
+- the server (`benchmarks/peers.py --levels 1:8 --omp-spin 0|10000`): q4 at one stream fell
+  from 50.9 to 34.6 tok/s. The spinning thread takes the core that the event loop, the output
+  stage and the SSE writer need between the steps.
+
+So it is not a default. Set it by hand for offline use of the engine.
 """
 
 from __future__ import annotations
 
 import os
 
-OMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}
+OMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def apply_defaults() -> None:

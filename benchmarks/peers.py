@@ -168,7 +168,15 @@ def kill_group(proc: subprocess.Popen) -> None:
 def run_one(name: str, cmd: list[str], model: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
     port = free_port()
     cmd = [c.replace("{port}", str(port)) for c in cmd]
-    env = dict(os.environ, **OMP_ENV, HF_HUB_OFFLINE="1")   # the same OpenMP settings for every server
+    # OpenMP: actorserve's CLI sets its own (actorserve.omp); a peer runs with its own defaults
+    # (--peer-omp own; llama.cpp's spinning threads were 2.6x faster at one stream than under
+    # PASSIVE) or under actorserve's (--peer-omp passive); --omp-spin sets GOMP_SPINCOUNT for all.
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env["HF_HUB_OFFLINE"] = "1"
+    if name != "actorserve" and args.peer_omp == "passive":
+        env.update(OMP_ENV)
+    if args.omp_spin is not None:
+        env["GOMP_SPINCOUNT"] = str(args.omp_spin)
     result: dict[str, Any] = {"cmd": " ".join(cmd)}
     with open(log, "w") as logf:
         try:
@@ -312,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--actorserve-dtype", default="float32",
                    help="actorserve's --dtype (default float32, the transformers peer's; auto picks "
                         "bfloat16 on a CPU with avx512_bf16/AMX, which is then not the same arithmetic)")
+    p.add_argument("--peer-omp", choices=["own", "passive"], default="own",
+                   help="the peers' OpenMP settings: their own defaults, or actorserve's (PASSIVE)")
+    p.add_argument("--omp-spin", type=int, default=None,
+                   help="GOMP_SPINCOUNT for every server (default: unset)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     args.cwd = str(Path(__file__).resolve().parent.parent)
@@ -328,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
              "levels": [f"c={c} n={n}" for c, n in args.levels], "device": "cpu", "dtype": "float32",
              "actorserve_dtype": args.actorserve_dtype,
              "actorserve_quantization": args.actorserve_quantization, "peers": args.peers,
-             "OMP_WAIT_POLICY": "PASSIVE"}
+             "actorserve_omp": OMP_ENV, "peer_omp": args.peer_omp, "GOMP_SPINCOUNT": args.omp_spin}
     out: dict[str, Any] = {"bench": "peers", "setup": setup}
 
     if args.only != "peer":

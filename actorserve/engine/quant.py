@@ -49,9 +49,9 @@ def _parallel_min() -> int:
     """Weights below which a product runs on one thread. With ``OMP_WAIT_POLICY=PASSIVE`` and no
     spin, OpenMP threads sleep between parallel regions and waking them for a small matrix
     costs more than they save (one SmolLM2 sequence: 26.2 ms a step with every product
-    parallel, 17.8 with this rule); with a short spin (``GOMP_SPINCOUNT``, which the CLI sets)
-    they are still awake for the next product and every product is better parallel
-    (benchmarks/quant_decode.py)."""
+    parallel, 17.8 with this rule); with a short spin (``GOMP_SPINCOUNT``, set by hand, see
+    `actorserve.omp`) they are still awake for the next product and every product is better
+    parallel (benchmarks/quant_decode.py)."""
     try:
         spin = int(os.environ.get("GOMP_SPINCOUNT", "0"))
     except ValueError:
