@@ -53,7 +53,7 @@ def test_kernel_equals_the_dense_product_of_the_dequantized_weights(kind, dtype)
         lin.weight.copy_(torch.randn(72, 160, generator=gen) * 0.1)
         lin.bias.copy_(torch.randn(72, generator=gen))
     ql = quant.QuantLinear(lin, kind, quant._Lib())
-    deq = quant.dequantize_q4(ql.q, ql.d, ql.m) if kind == "q4" else quant.dequantize_q8(ql.q, ql.d)
+    deq = quant.dequantize_q4(ql.w.q, ql.w.d, ql.w.m) if kind == "q4" else quant.dequantize_q8(ql.w.q, ql.w.d)
     assert ql.err == (deq - lin.weight).abs().max().item() > 0         # random weights: lossy
     lin.to(dtype)
     for rows in range(1, quant.MAX_ROWS + 1):
@@ -73,6 +73,43 @@ def test_quantize_model_patches_the_linears_and_refuses_unknown_modes():
     with pytest.raises(ValueError, match="unknown quantization"):
         quant.quantize_model(torch.nn.Linear(32, 4), "q2")
     assert quant.quantize_model(torch.nn.Linear(32, 4), "none") is None
+
+
+class _Attn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj = torch.nn.Linear(96, 64, bias=True)
+        self.k_proj = torch.nn.Linear(96, 32, bias=False)
+        self.v_proj = torch.nn.Linear(96, 32, bias=True)
+        self.gate_proj = torch.nn.Linear(96, 48, bias=False)
+        self.up_proj = torch.nn.Linear(96, 48, bias=False)
+        self.o_proj = torch.nn.Linear(64, 96, bias=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_projections_are_one_call_equal_to_their_members(dtype):
+    torch.manual_seed(3)
+    mod = _Attn().to(dtype)
+    assert quant.quantize_model(mod, "q4").layers == 6
+    qkv, gate_up = getattr(mod, quant.QKV_GROUP), getattr(mod, quant.GATE_UP_GROUP)
+    assert qkv.sizes == [64, 32, 32] and gate_up.sizes == [48, 48]
+    # the members' quantized tensors are views of the group's: nothing is held twice
+    base = qkv.w.q.untyped_storage().data_ptr()
+    assert [ql.w.q.untyped_storage().data_ptr() for ql in qkv.members] == [base] * 3
+    assert qkv.members[1].w.q.data_ptr() == base + 64 * 48
+    for rows in (1, 3, 8):
+        x = torch.randn(rows, 96).to(dtype)
+        parts = qkv(x)
+        alone = (mod.q_proj(x), mod.k_proj(x), mod.v_proj(x))     # the members' own kernel calls
+        assert [tuple(p.shape) for p in parts] == [(rows, 64), (rows, 32), (rows, 32)]
+        for got, want in zip(parts, alone):
+            assert torch.equal(got, want)
+        g, u = gate_up(x)
+        assert torch.equal(g, mod.gate_proj(x)) and torch.equal(u, mod.up_proj(x))
+    wide = torch.randn(quant.MAX_ROWS + 1, 96).to(dtype)             # wider: each dense weight
+    for got, lin in zip(qkv(wide), (mod.q_proj, mod.k_proj, mod.v_proj)):
+        torch.testing.assert_close(got, F.linear(wide, lin.weight, lin.bias))
+    assert not hasattr(torch.nn.Linear(32, 4), quant.QKV_GROUP)
 
 
 @pytest.mark.model

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from .quant import QKV_GROUP
+
 PAGED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
 # RoPE variants whose frequencies are fixed at init, so one cos/sin table serves every step
 # ("dynamic"/"longrope" rescale with the sequence length: those models use the fallback).
@@ -95,6 +97,9 @@ def project_qkv(fam: Family, attn: Any, x: torch.Tensor, nh: int, nkv: int,
         q = qkv[:, :nh * d].view(T, nh, d)
         k = qkv[:, nh * d:(nh + nkv) * d].view(T, nkv, d)
         v = qkv[:, (nh + nkv) * d:].view(T, nkv, d)
+    elif (group := getattr(attn, QKV_GROUP, None)) is not None:     # q4: one kernel call
+        q, k, v = group(x)
+        q, k, v = q.view(T, nh, d), k.view(T, nkv, d), v.view(T, nkv, d)
     else:
         q = attn.q_proj(x).view(T, nh, d)
         k = attn.k_proj(x).view(T, nkv, d)

@@ -108,43 +108,111 @@ class _Lib:
         self.qgemv.restype = ctypes.c_int
 
 
+class _Weights:
+    """One quantized weight as the kernel reads it: q (packed), d, m (q4 only), an optional
+    float32 bias, and their addresses, taken once (the tensors never move)."""
+
+    def __init__(self, bits: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+                 bias: torch.Tensor | None) -> None:
+        self.bits, self.q, self.d, self.m, self.bias = bits, q, d, m, bias
+        self.N = q.shape[0]
+        self.ptrs = (q.data_ptr(), d.data_ptr(), None if m is None else m.data_ptr())
+        self.bias_ptr = None if bias is None else bias.data_ptr()
+        self.size = self.N * q.shape[1] * (8 // bits)              # weights
+
+    def run(self, lib: _Lib, x: torch.Tensor) -> torch.Tensor | None:
+        """``x [rows, K] @ W^T (+ bias)`` through the kernel, or None when it does not take `x`
+        (more than MAX_ROWS rows, a dtype it does not read, autograd)."""
+        K = x.shape[-1]
+        rows = x.numel() // K if K else 0
+        if rows == 0 or rows > MAX_ROWS or x.dtype not in _KERNEL_DTYPES or x.requires_grad:
+            return None
+        x2 = x.reshape(rows, K)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        y = torch.empty((rows, self.N), dtype=x.dtype)
+        bf16 = 1 if x.dtype is torch.bfloat16 else 0
+        q, d, m = self.ptrs
+        rc = lib.qgemv(self.bits, x2.data_ptr(), bf16, rows, K, q, d, m, self.N, self.bias_ptr,
+                       y.data_ptr(), bf16, 1 if self.size < PARALLEL_MIN else torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"qgemv refused rows={rows} K={K}")
+        return y
+
+
 class QuantLinear:
     """Replaces one ``nn.Linear``'s forward: at most `MAX_ROWS` rows go through the quantized
     kernel, more through the dense weight the module keeps."""
 
     def __init__(self, module: torch.nn.Linear, kind: str, lib: _Lib) -> None:
         self.module, self.kind, self.lib = module, kind, lib
-        self.bits = 4 if kind == "q4" else 8
         w = module.weight
         self.N, self.K = w.shape
         if kind == "q4":
-            self.q, self.d, self.m = quantize_q4(w)
-            self.err = (dequantize_q4(self.q, self.d, self.m) - w.float()).abs().max().item()
+            q, d, m = quantize_q4(w)
+            self.err = (dequantize_q4(q, d, m) - w.float()).abs().max().item()
         else:
-            self.q, self.d = quantize_q8(w)
-            self.m = None
-            self.err = (dequantize_q8(self.q, self.d) - w.float()).abs().max().item()
+            (q, d), m = quantize_q8(w), None
+            self.err = (dequantize_q8(q, d) - w.float()).abs().max().item()
         self.scale = w.float().abs().max().item() or 1.0
-        self.bias = None if module.bias is None else module.bias.detach().float()
-        self.nbytes = self.q.numel() * self.q.element_size() + self.d.numel() * 2 * (2 if self.m is not None else 1)
+        bias = None if module.bias is None else module.bias.detach().float()
+        self.w = _Weights(4 if kind == "q4" else 8, q, d, m, bias)
+        self.nbytes = q.numel() * q.element_size() + d.numel() * 2 * (2 if m is not None else 1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        K = x.shape[-1]
-        rows = x.numel() // K if K else 0
-        if rows == 0 or rows > MAX_ROWS or x.requires_grad or x.dtype not in _KERNEL_DTYPES:
+        y = self.w.run(self.lib, x)
+        if y is None:
             return F.linear(x, self.module.weight, self.module.bias)
-        x2 = x.reshape(rows, K)
-        if not x2.is_contiguous():
-            x2 = x2.contiguous()
-        y = torch.empty((rows, self.N), dtype=x.dtype)
-        bf16 = int(x.dtype == torch.bfloat16)
-        rc = self.lib.qgemv(self.bits, x2.data_ptr(), bf16, rows, K, self.q.data_ptr(), self.d.data_ptr(),
-                            self.m.data_ptr() if self.m is not None else None, self.N,
-                            self.bias.data_ptr() if self.bias is not None else None,
-                            y.data_ptr(), bf16, 1 if self.N * self.K < PARALLEL_MIN else torch.get_num_threads())
-        if rc != 0:
-            raise RuntimeError(f"qgemv refused rows={rows} K={K}")
         return y.view(*x.shape[:-1], self.N)
+
+
+class QuantGroup:
+    """Linears that read the same input (q/k/v, gate/up), run as one kernel call over their
+    concatenated weights for steps of at most `MAX_ROWS` rows: one pass over the input and
+    one call instead of two or three. Wider steps call the members one by one (their dense
+    weights). The members' quantized tensors become views of the concatenation, so nothing
+    is held twice."""
+
+    def __init__(self, members: list[QuantLinear]) -> None:
+        self.members = members
+        ws = [ql.w for ql in members]
+        self.sizes = [w.N for w in ws]
+        q = torch.cat([w.q for w in ws])
+        d = torch.cat([w.d for w in ws])
+        m = torch.cat([w.m for w in ws]) if ws[0].m is not None else None
+        bias = None
+        if any(w.bias is not None for w in ws):
+            bias = torch.cat([w.bias if w.bias is not None else torch.zeros(w.N) for w in ws])
+        self.w = _Weights(ws[0].bits, q, d, m, bias)
+        at = 0
+        for ql, w in zip(members, ws):                  # share the storage
+            sl = slice(at, at + w.N)
+            ql.w = _Weights(w.bits, q[sl], d[sl], None if m is None else m[sl],
+                            None if bias is None or w.bias is None else bias[sl])
+            at += w.N
+        self.lib = members[0].lib
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.w.run(self.lib, x)
+        if y is None:
+            return tuple(ql.module(x) for ql in self.members)
+        lead = x.shape[:-1]
+        return tuple(part.view(*lead, n) for part, n in zip(y.split(self.sizes, dim=-1), self.sizes))
+
+    @staticmethod
+    def of(modules: list[Any]) -> QuantGroup | None:
+        """The group of these linears when all of them run q4 on the same input size."""
+        qls = [getattr(mod, "forward", None) for mod in modules]
+        if not all(isinstance(ql, QuantLinear) and ql.kind == "q4" for ql in qls):
+            return None
+        if len({ql.K for ql in qls}) != 1:
+            return None
+        return QuantGroup(qls)
+
+
+# Attributes quantize_model sets on a model's modules, read by the paged runner's forward.
+QKV_GROUP = "_actorserve_qkv"           # on an attention module with q/k/v_proj
+GATE_UP_GROUP = "_actorserve_gate_up"   # on an MLP with gate_proj and up_proj
 
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -174,7 +242,8 @@ def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
     if mode == "none":
         return None
     lib = _Lib()
-    head = model.get_output_embeddings()
+    getter = getattr(model, "get_output_embeddings", None)    # a bare module (tests) has no head
+    head = getter() if callable(getter) else None
     layers = skipped = qbytes = dbytes = 0
     err = 0.0
     for mod in model.modules():
@@ -189,6 +258,15 @@ def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
         qbytes += ql.nbytes
         dbytes += mod.weight.numel() * mod.weight.element_size()
         err = max(err, ql.err / ql.scale)
+    for mod in model.modules():
+        if all(isinstance(getattr(mod, f"{p}_proj", None), torch.nn.Linear) for p in "qkv"):
+            group = QuantGroup.of([mod.q_proj, mod.k_proj, mod.v_proj])
+            if group is not None:
+                setattr(mod, QKV_GROUP, group)
+        if all(isinstance(getattr(mod, p, None), torch.nn.Linear) for p in ("gate_proj", "up_proj")):
+            group = QuantGroup.of([mod.gate_proj, mod.up_proj])
+            if group is not None:
+                setattr(mod, GATE_UP_GROUP, group)
     report = QuantReport(mode, layers, skipped, qbytes, dbytes, err)
     log.info("quantization %s", report.describe())
     return report

@@ -41,6 +41,7 @@ from .block_tables import BlockTables
 from .decode_kernel import load as load_decode_kernel
 from .families import PAGED_MODEL_TYPES, Family, apply_rope, family_of, project_qkv, supports_paged
 from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
+from .quant import GATE_UP_GROUP
 from .sequence import Sequence
 from .speculative import accepted
 
@@ -228,9 +229,13 @@ class PagedLlamaRunner(_SamplingRunner):
     def _mlp(self, mlp: Any, x: torch.Tensor) -> torch.Tensor:
         if not self._silu_mlp:
             return mlp(x)
-        g = mlp.gate_proj(x)
+        group = getattr(mlp, GATE_UP_GROUP, None)            # q4: one kernel call for both
+        if group is not None:
+            g, u = group(x)
+        else:
+            g, u = mlp.gate_proj(x), mlp.up_proj(x)
         F.silu(g, inplace=True)
-        return mlp.down_proj(g.mul_(mlp.up_proj(x)))
+        return mlp.down_proj(g.mul_(u))
 
     def _forward(self, plan: StepPlan) -> torch.Tensor:
         """Run all layers over the flat batch; return the hidden states before the final norm."""

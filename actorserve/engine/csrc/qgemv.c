@@ -39,52 +39,77 @@ static inline float half_to_float(uint16_t h) {
 #if defined(__AVX512F__)
 #include <immintrin.h>
 /* One output row n of q4 for M input rows, AVX-512: a group's 16 bytes widen to 16 int32,
- * whose low and high nibbles are weights 0..15 and 16..31; M is a compile-time constant in
- * the copies the switch below makes (1..8), so the accumulators stay in registers. */
+ * whose low and high nibbles are weights 0..15 and 16..31, dequantized with one FMA each
+ * (d * q + m: the offset is in the weight, so the per-group sums `xs` are not needed here).
+ * M is a compile-time constant in the copies the switch below makes (1..8), so the
+ * accumulators stay in registers. Each row keeps two accumulator chains (low and high
+ * nibbles), four for M <= 4 (odd and even groups apart too): with one chain a sequence waited
+ * on each FMA's latency. */
+#define Q4_GROUP(G_, A0, A1) do {                                                          \
+        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qn + (G_) * 16)));   \
+        __m512 dv = _mm512_set1_ps(half_to_float(dn[G_]));                                     \
+        __m512 mv = _mm512_set1_ps(half_to_float(mn[G_]));                                     \
+        __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, nib)), dv, mv);     \
+        __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), dv, mv);      \
+        for (int r = 0; r < M; r++) {                                                          \
+            const float *xr = x + (size_t)r * K + (G_) * 32;                                   \
+            A0[r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), A0[r]);                           \
+            A1[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), A1[r]);                      \
+        }                                                                                      \
+    } while (0)
+
 static inline __attribute__((always_inline)) void q4_row(
         const float *restrict x, const int M, int K, const uint8_t *restrict qn,
         const uint16_t *restrict dn, const uint16_t *restrict mn, const float *restrict xs,
         float *restrict res) {
-    int G = K / 32;
-    __m512 acc[MAXM];
-    float macc[MAXM];
-    for (int r = 0; r < M; r++) { acc[r] = _mm512_setzero_ps(); macc[r] = 0.f; }
+    (void)xs;
+    const int G = K / 32;
+    __m512 a0[MAXM], a1[MAXM], a2[MAXM], a3[MAXM];
+    for (int r = 0; r < M; r++) a0[r] = a1[r] = a2[r] = a3[r] = _mm512_setzero_ps();
     const __m512i nib = _mm512_set1_epi32(0xf);
-    for (int g = 0; g < G; g++) {
-        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qn + g * 16)));
-        __m512 dv = _mm512_set1_ps(half_to_float(dn[g]));
-        __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(b, nib)), dv);
-        __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), dv);
-        float mg = half_to_float(mn[g]);
-        for (int r = 0; r < M; r++) {
-            const float *xr = x + (size_t)r * K + g * 32;
-            acc[r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), acc[r]);
-            acc[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), acc[r]);
-            macc[r] += mg * xs[(size_t)r * G + g];
+    int g = 0;
+    if (M <= 4)                     /* odd and even groups on their own chains too */
+        for (; g + 2 <= G; g += 2) {
+            Q4_GROUP(g, a0, a1);
+            Q4_GROUP(g + 1, a2, a3);
         }
+    for (; g < G; g++) Q4_GROUP(g, a0, a1);
+    for (int r = 0; r < M; r++) {
+        __m512 t = _mm512_add_ps(_mm512_add_ps(a0[r], a1[r]), _mm512_add_ps(a2[r], a3[r]));
+        res[r] = _mm512_reduce_add_ps(t);
     }
-    for (int r = 0; r < M; r++) res[r] = _mm512_reduce_add_ps(acc[r]) + macc[r];
 }
+
+#define Q8_GROUP(G_, A0, A1) do {                                                          \
+        __m512 dv = _mm512_set1_ps(half_to_float(dn[G_]));                                     \
+        __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(                     \
+            _mm_loadu_si128((const __m128i *)(qn + (G_) * 32)))), dv);                         \
+        __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(                     \
+            _mm_loadu_si128((const __m128i *)(qn + (G_) * 32 + 16)))), dv);                    \
+        for (int r = 0; r < M; r++) {                                                          \
+            const float *xr = x + (size_t)r * K + (G_) * 32;                                   \
+            A0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), A0[r]);                           \
+            A1[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), A1[r]);                      \
+        }                                                                                      \
+    } while (0)
 
 static inline __attribute__((always_inline)) void q8_row(
         const float *restrict x, const int M, int K, const int8_t *restrict qn,
         const uint16_t *restrict dn, float *restrict res) {
-    int G = K / 32;
-    __m512 acc[MAXM];
-    for (int r = 0; r < M; r++) acc[r] = _mm512_setzero_ps();
-    for (int g = 0; g < G; g++) {
-        __m512 dv = _mm512_set1_ps(half_to_float(dn[g]));
-        __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)(qn + g * 32)))), dv);
-        __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)(qn + g * 32 + 16)))), dv);
-        for (int r = 0; r < M; r++) {
-            const float *xr = x + (size_t)r * K + g * 32;
-            acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]);
-            acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r]);
+    const int G = K / 32;
+    __m512 a0[MAXM], a1[MAXM], a2[MAXM], a3[MAXM];
+    for (int r = 0; r < M; r++) a0[r] = a1[r] = a2[r] = a3[r] = _mm512_setzero_ps();
+    int g = 0;
+    if (M <= 4)
+        for (; g + 2 <= G; g += 2) {
+            Q8_GROUP(g, a0, a1);
+            Q8_GROUP(g + 1, a2, a3);
         }
+    for (; g < G; g++) Q8_GROUP(g, a0, a1);
+    for (int r = 0; r < M; r++) {
+        __m512 t = _mm512_add_ps(_mm512_add_ps(a0[r], a1[r]), _mm512_add_ps(a2[r], a3[r]));
+        res[r] = _mm512_reduce_add_ps(t);
     }
-    for (int r = 0; r < M; r++) res[r] = _mm512_reduce_add_ps(acc[r]);
 }
 #else
 /* One output row n of q4 for M input rows; M is a compile-time constant in the copies the
