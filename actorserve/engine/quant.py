@@ -106,6 +106,35 @@ class _Lib:
         self.qgemv = lib.qgemv
         self.qgemv.argtypes = [i, p, i, i, i, p, p, p, i, p, p, i, i]
         self.qgemv.restype = ctypes.c_int
+        self.qpool_active = lib.qpool_active
+        self.qpool_active.argtypes = [i, i]
+        self.qpool_active.restype = ctypes.c_int
+
+
+class StepPool:
+    """The kernels' step pool (``csrc/qgemv.c``): ``with pool:`` around a decode step of at
+    most `MAX_ROWS` rows, and every quantized product of the step is split over `workers`
+    threads besides the caller, which spin between the step's products instead of sleeping
+    (so small products are worth splitting too) and sleep again when the step ends. The
+    results are the same bits as without it."""
+
+    def __init__(self, workers: int) -> None:
+        self.lib = _Lib()
+        self.workers = max(0, int(workers))
+
+    def __enter__(self) -> StepPool:
+        self.lib.qpool_active(1, self.workers)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lib.qpool_active(0, 0)
+
+
+def step_pool(model: Any) -> StepPool | None:
+    """A step pool for a quantized `model` on more than one thread, else None."""
+    if getattr(model, "actorserve_quant", None) is None or torch.get_num_threads() < 2:
+        return None
+    return StepPool(torch.get_num_threads() - 1)
 
 
 class _Weights:

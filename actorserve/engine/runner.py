@@ -41,7 +41,7 @@ from .block_tables import BlockTables
 from .decode_kernel import load as load_decode_kernel
 from .families import PAGED_MODEL_TYPES, Family, apply_rope, family_of, project_qkv, supports_paged
 from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
-from .quant import GATE_UP_GROUP
+from .quant import GATE_UP_GROUP, MAX_ROWS, step_pool
 from .sequence import Sequence
 from .speculative import accepted
 
@@ -200,6 +200,8 @@ class PagedLlamaRunner(_SamplingRunner):
         self._rope_cos = self._rope_sin = torch.empty(0)
         self.attn_softcap = getattr(cfg, "attn_logit_softcapping", None) or None
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None) or None
+        # q4: the kernels' threads spin through a decode step instead of sleeping (`quant.StepPool`)
+        self.step_pool = step_pool(model)
         act = getattr(cfg, "hidden_act", None)
         self._silu_mlp = act == "silu" and all(hasattr(self.layers[0].mlp, a)
                                                for a in ("gate_proj", "up_proj", "down_proj"))
@@ -266,6 +268,12 @@ class PagedLlamaRunner(_SamplingRunner):
         plan = plan_step(batch, self.tables, self.group, inplace=self.decode_kernel is not None)
         if plan.num_tokens == 0:
             return outputs
+        if self.step_pool is not None and plan.num_tokens <= MAX_ROWS:
+            with self.step_pool:
+                return self._run(plan, batch, outputs)
+        return self._run(plan, batch, outputs)
+
+    def _run(self, plan: StepPlan, batch: list[tuple[Sequence, int]], outputs: list[SeqOutput]) -> list[SeqOutput]:
         h = self._forward(plan)
         owed = prompt_lp.owed_rows(batch, plan.last_rows)
         if owed:      # the prompt rows of sequences that asked for prompt logprobs

@@ -7,7 +7,12 @@
  *   q8: w = d * q, q int8, d float16 per group.
  * Decode at a handful of rows reads every weight once per step, so it is bound by the bytes
  * read: 5 bits a weight (q4) or 8.5 (q8) instead of 16 (bf16) or 32 (fp32). Each weight group
- * is unpacked once and used for all M rows; float32 accumulation; OpenMP over N. */
+ * is unpacked once and used for all M rows; float32 accumulation; the
+ * output rows N spread over threads (the step pool below, or OpenMP). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,9 +198,140 @@ static inline uint16_t float_to_bf16(float f) {      /* round to nearest even */
     return (uint16_t)(bits >> 16);
 }
 
+/* One product's output rows [n0, n1), the unit a thread takes. */
+typedef struct {
+    int kind, M, K, N, G, y_bf16, n0, n1;
+    const float *xf, *xs, *bias;
+    const void *q;
+    const uint16_t *d, *m;
+    void *y;
+} job_t;
+
+static void run_rows(const job_t *j) {
+    const int M = j->M, K = j->K, N = j->N, G = j->G;
+    const float *xf = j->xf, *xs = j->xs;
+    const uint16_t *d = j->d, *m = j->m;
+    (void)xs;
+    for (int n = j->n0; n < j->n1; n++) {
+        float res[MAXM];
+        if (j->kind == 4) {
+#define Q4(M_) q4_row(xf, M_, K, (const uint8_t *)j->q + (size_t)n * K / 2, d + (size_t)n * G, m + (size_t)n * G, xs, res)
+            CASES(Q4)
+        } else {
+#define Q8(M_) q8_row(xf, M_, K, (const int8_t *)j->q + (size_t)n * K, d + (size_t)n * G, res)
+            CASES(Q8)
+        }
+        float b = j->bias ? j->bias[n] : 0.f;
+        for (int r = 0; r < M; r++) {
+            size_t at = (size_t)r * N + n;
+            if (j->y_bf16) ((uint16_t *)j->y)[at] = float_to_bf16(res[r] + b);
+            else ((float *)j->y)[at] = res[r] + b;
+        }
+    }
+}
+
+/* The step pool: worker threads that, while a decode step runs (`qpool_active(1)` ...
+ * `qpool_active(0)`, from the engine), spin waiting for the next product and take their share
+ * of its rows as soon as it is posted: a hand-off of about a microsecond, where waking a
+ * sleeping OpenMP thread for each of a step's ~120 small products cost more than it saved
+ * (so, without the pool, small products run on one thread: `quant.PARALLEL_MIN`). Between
+ * steps the workers sleep on a condition variable, so the cores are free for the server's
+ * event loop; while spinning they yield now and then to any other thread that wants the core.
+ * Each output row is computed by exactly one thread with the same code, so the result is the
+ * same bits with or without the pool. One product at a time: a caller that finds the pool
+ * busy (another thread's product) runs its product without it. */
+#define POOL_MAX 16
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int workers;                    /* started, fixed at the first activation */
+    atomic_int active;
+    atomic_flag busy;
+    atomic_uint posted;             /* ticket of the last product posted */
+    atomic_int remaining;           /* workers still on it */
+    job_t job;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ATOMIC_FLAG_INIT, 0, 0, {0}};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void *pool_worker(void *arg) {
+    const int me = (int)(intptr_t)arg, parts = pool.workers + 1;
+    unsigned seen = atomic_load(&pool.posted);
+    for (;;) {
+        unsigned spins = 0;
+        while (atomic_load_explicit(&pool.posted, memory_order_acquire) == seen) {
+            if (!atomic_load_explicit(&pool.active, memory_order_relaxed)) {
+                pthread_mutex_lock(&pool.mu);
+                while (!atomic_load(&pool.active) && atomic_load(&pool.posted) == seen)
+                    pthread_cond_wait(&pool.cv, &pool.mu);
+                pthread_mutex_unlock(&pool.mu);
+                continue;
+            }
+            cpu_relax();
+            if ((++spins & 1023) == 0) sched_yield();
+        }
+        seen = atomic_load_explicit(&pool.posted, memory_order_acquire);
+        job_t j = pool.job;
+        int n0 = j.n0, span = j.n1 - j.n0;
+        j.n0 = n0 + (int)((long)span * me / parts);
+        j.n1 = n0 + (int)((long)span * (me + 1) / parts);
+        run_rows(&j);
+        atomic_fetch_sub_explicit(&pool.remaining, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+static void pool_forget(void) {     /* in a forked child: the workers were not copied */
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    pool.mu = mu;
+    pool.cv = cv;
+    pool.workers = 0;
+    atomic_store(&pool.active, 0);
+    atomic_flag_clear(&pool.busy);
+}
+
+/* Start (on = 1, with `workers` threads the first time) or stop a step's spinning. Returns the
+ * number of workers running, 0 when none could be started. */
+int qpool_active(int on, int workers) {
+    static int atfork;
+    pthread_mutex_lock(&pool.mu);
+    if (on && pool.workers == 0 && workers > 0) {
+        if (!atfork) { pthread_atfork(NULL, NULL, pool_forget); atfork = 1; }
+        if (workers > POOL_MAX) workers = POOL_MAX;
+        int started = 0;
+        pool.workers = workers;                 /* read by each worker as it starts */
+        for (int i = 0; i < workers; i++) {
+            pthread_t t;
+            pthread_attr_t attr;
+            pthread_attr_init(&attr);
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            if (pthread_create(&t, &attr, pool_worker, (void *)(intptr_t)(i + 1)) == 0) started++;
+            pthread_attr_destroy(&attr);
+            if (started != i + 1) break;
+        }
+        if (started != workers) {       /* cannot happen in practice; never post to a short pool */
+            pool.workers = -1;
+        }
+    }
+    while (atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire))
+        cpu_relax();                    /* no product in flight while `active` changes */
+    atomic_store(&pool.active, on && pool.workers > 0);
+    atomic_flag_clear_explicit(&pool.busy, memory_order_release);
+    pthread_cond_broadcast(&pool.cv);
+    int n = pool.workers > 0 ? pool.workers : 0;
+    pthread_mutex_unlock(&pool.mu);
+    return n;
+}
+
 /* y[M, N] = x[M, K] @ W^T (+ bias): `kind` 4 (q4: q packed nibbles, d and m) or 8 (q8: q int8,
  * d; m unused); x and y float32 or bfloat16 (the flags), bias float32 or NULL. x is widened
- * once to float32 (with q4's per-group sums) before the rows are spread over the threads.
+ * once to float32 (with q4's per-group sums) before the rows are spread over the threads: the
+ * step pool's while it is active, else `nthreads` OpenMP threads.
  * Returns 0, or -1 for a shape it does not take (M outside 1..8, K not a multiple of 32) or
  * no memory. */
 int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, const uint16_t *d,
@@ -212,22 +348,33 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         for (int e = 0; e < 32; e++) sum += xf[i * 32 + e];
         xs[i] = sum;
     }
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int n = 0; n < N; n++) {
-        float res[MAXM];
-        if (kind == 4) {
-#define Q4(M_) q4_row(xf, M_, K, (const uint8_t *)q + (size_t)n * K / 2, d + (size_t)n * G, m + (size_t)n * G, xs, res)
-            CASES(Q4)
-        } else {
-#define Q8(M_) q8_row(xf, M_, K, (const int8_t *)q + (size_t)n * K, d + (size_t)n * G, res)
-            CASES(Q8)
+    job_t job = {kind, M, K, N, G, y_bf16, 0, N, xf, xs, bias, q, d, m, y};
+    int pooled = 0;
+    if (N >= 64 && atomic_load_explicit(&pool.active, memory_order_relaxed)
+            && !atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire)) {
+        pooled = atomic_load(&pool.active);     /* still: stopping takes `busy` first */
+        if (!pooled) atomic_flag_clear_explicit(&pool.busy, memory_order_release);
+    }
+    if (pooled) {
+        const int parts = pool.workers + 1;
+        pool.job = job;
+        atomic_store_explicit(&pool.remaining, pool.workers, memory_order_relaxed);
+        atomic_fetch_add_explicit(&pool.posted, 1, memory_order_release);
+        job.n1 = N / parts;                                     /* the caller's share: the first */
+        run_rows(&job);
+        while (atomic_load_explicit(&pool.remaining, memory_order_acquire) > 0) cpu_relax();
+        atomic_flag_clear_explicit(&pool.busy, memory_order_release);
+    } else if (nthreads > 1) {
+        const int chunk = (N + nthreads - 1) / nthreads;
+        #pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int t = 0; t < nthreads; t++) {
+            job_t mine = job;
+            mine.n0 = t * chunk;
+            mine.n1 = mine.n0 + chunk < N ? mine.n0 + chunk : N;
+            if (mine.n0 < mine.n1) run_rows(&mine);
         }
-        float b = bias ? bias[n] : 0.f;
-        for (int r = 0; r < M; r++) {
-            size_t at = (size_t)r * N + n;
-            if (y_bf16) ((uint16_t *)y)[at] = float_to_bf16(res[r] + b);
-            else ((float *)y)[at] = res[r] + b;
-        }
+    } else {
+        run_rows(&job);
     }
     free(xf);
     return 0;
