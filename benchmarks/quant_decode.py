@@ -3,11 +3,13 @@
 The real `PagedLlamaRunner` on the embedded SmolLM2-135M-Instruct, one greedy sequence (or
 B of them, B in ``--batches``, default 1, 4, 8: the steps the q4 kernels take) prefilled
 from a 14-token prompt, then ``--decode`` decode steps. Configurations, all in this run:
-fp32 dense, bf16 dense, q4 with fp32 activations, q4 with bf16 activations; for q4 at B=1
-also with every product on all threads (``PARALLEL_MIN = 0``), which is why small products
-run on one. Figures are ms per decode step (best of ``--repeats``) and the ratio of each to
-fp32 dense; ``greedy_same`` says whether q4-fp32's tokens equal dense fp32's (the default
-model's q4 weights are its own, so they should).
+fp32 dense, bf16 dense, q4 with fp32 activations, q4 with bf16 activations; each q4 engine
+also without its step pool (``without_step_pool``: the kernels' threads by the OpenMP rules
+alone, and at B=1 with every product on all threads, ``PARALLEL_MIN = 0``, which is why small
+products run on one without the pool), with the pool's speedup. Figures are ms per decode
+step (best of ``--repeats``) and the ratio of each to fp32 dense; ``greedy_same`` says
+whether q4-fp32's tokens equal dense fp32's (the default model's q4 weights are its own, so
+they should).
 
     .venv/bin/python benchmarks/quant_decode.py --json
 """
@@ -81,12 +83,19 @@ def main() -> None:
             decode(engine, prompt, b, 4)
             fig[f"B{b}_ms"] = round(min(decode(engine, prompt, b, args.decode)[0] for _ in range(args.repeats)), 2)
         tokens[name] = decode(engine, prompt, 1, args.decode)[1]
-        if name == "q4_fp32":
+        if q != "none":               # the same engine without its step pool (OpenMP rules only)
+            pool, engine.step_pool = engine.step_pool, None
+            alone = {f"B{b}_ms": round(min(decode(engine, prompt, b, args.decode)[0]
+                                           for _ in range(args.repeats)), 2) for b in batches}
+            fig["greedy_same_without_step_pool"] = decode(engine, prompt, 1, args.decode)[1] == tokens[name]
             keep, quant.PARALLEL_MIN = quant.PARALLEL_MIN, 0
-            fig["B1_all_threads_ms"] = round(min(decode(engine, prompt, 1, args.decode)[0]
-                                                 for _ in range(args.repeats)), 2)
+            alone["B1_all_threads_ms"] = round(min(decode(engine, prompt, 1, args.decode)[0]
+                                                   for _ in range(args.repeats)), 2)
             quant.PARALLEL_MIN = keep
-        if q != "none":
+            engine.step_pool = pool
+            fig["without_step_pool"] = alone
+            fig["step_pool_speedup"] = {f"B{b}": round(alone[f"B{b}_ms"] / fig[f"B{b}_ms"], 2) for b in batches}
+
             fig["report"] = model.actorserve_quant.describe()
         result[name] = fig
         print(f"{name}: {fig}", file=sys.stderr, flush=True)

@@ -1,6 +1,7 @@
 """Weight-only quantized decode (`engine.quant`, `csrc/qgemv.c`): the Q4_1 / Q8_0 layouts round
 trip exactly on their own grids, the kernels equal a dense product with the dequantized
-weights for 1..8 rows, wider steps take the dense weight, and on the default model (converted
+weights for 1..8 rows (and the step pool's split changes no bit), wider steps take the dense
+weight, and on the default model (converted
 from a Q4_1/Q8_0 GGUF) the quantized copies are its weights exactly and greedy decoding is
 unchanged."""
 
@@ -69,6 +70,76 @@ def test_kernel_equals_the_dense_product_of_the_dequantized_weights(kind, dtype)
     torch.testing.assert_close(ql(wide), F.linear(wide, lin.weight, lin.bias))
 
 
+def _linear(kind: str, n: int, k: int, seed: int) -> quant.QuantLinear:
+    gen = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(k, n)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, generator=gen) * 0.1)
+    return quant.QuantLinear(lin, kind, quant._Lib())
+
+
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_step_pool_splits_a_product_without_changing_a_bit(kind, dtype):
+    ql = _linear(kind, 203, 96, seed=5)           # an odd N: the halves differ by a row
+    pool = quant.StepPool(workers=1)
+    for rows in range(1, quant.MAX_ROWS + 1):
+        x = torch.randn(rows, 96).to(dtype)
+        alone = ql(x)
+        with pool:
+            pooled = [ql(x) for _ in range(3)]
+        assert all(torch.equal(p, alone) for p in pooled)
+    assert pool.lib.qpool_active(0, 0) == 1       # the worker stays, asleep, for the next step
+
+
+def test_the_step_pool_serves_one_product_at_a_time_and_others_run_beside_it():
+    import threading
+
+    qls = [_linear("q4", 256, 128, seed=s) for s in range(4)]
+    xs = [torch.randn(2, 128) for _ in qls]
+    want = [ql(x) for ql, x in zip(qls, xs)]
+    got: dict[int, list[torch.Tensor]] = {}
+
+    def work(i: int) -> None:
+        got[i] = [qls[i](xs[i]) for _ in range(200)]
+
+    with quant.StepPool(workers=1):
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    for i in range(4):
+        assert len(got[i]) == 200 and all(torch.equal(y, want[i]) for y in got[i])
+
+
+def _product_in_child(conn, ql: quant.QuantLinear, x: torch.Tensor) -> None:
+    with quant.StepPool(workers=1):                 # no torch op here: torch's own OpenMP is not fork-safe
+        y = ql(x)
+    conn.send(torch.equal(y, ql(x)))
+
+
+def test_a_forked_child_starts_its_own_step_pool():
+    import multiprocessing as mp
+
+    ql, x = _linear("q4", 128, 64, seed=7), torch.randn(1, 64)
+    with quant.StepPool(workers=1):                 # the parent's worker exists before the fork
+        ql(x)
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_product_in_child, args=(child, ql, x))
+    proc.start()
+    try:
+        assert parent.poll(120), "the child's product never finished (a pool copied from the parent?)"
+        assert parent.recv() is True
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    assert proc.exitcode == 0
+
+
 def test_quantize_model_patches_the_linears_and_refuses_unknown_modes():
     with pytest.raises(ValueError, match="unknown quantization"):
         quant.quantize_model(torch.nn.Linear(32, 4), "q2")
@@ -130,6 +201,10 @@ def test_default_model_q4_is_its_own_weights_and_decodes_the_same():
     calls = []
     head = qmodel.lm_head.forward
     qmodel.lm_head.forward = lambda x: (calls.append(x.shape[0]), head(x))[1]
-    got = [greedy(build_engine(qmodel, num_blocks=64, block_size=16), p, 16) for p in prompts]
+    engine = build_engine(qmodel, num_blocks=64, block_size=16)
+    assert (engine.step_pool is not None) == (torch.get_num_threads() > 1)
+    got = [greedy(engine, p, 16) for p in prompts]
     assert got == ref
+    engine.step_pool = None                                        # the same without the pool
+    assert [greedy(engine, p, 16) for p in prompts[:2]] == ref[:2]
     assert calls and max(calls) <= quant.MAX_ROWS

@@ -249,8 +249,9 @@ static struct {
     atomic_flag busy;
     atomic_uint posted;             /* ticket of the last product posted */
     atomic_int remaining;           /* workers still on it */
+    unsigned first;                 /* `posted` when the workers were started */
     job_t job;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ATOMIC_FLAG_INIT, 0, 0, {0}};
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ATOMIC_FLAG_INIT, 0, 0, 0, {0}};
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -260,7 +261,7 @@ static inline void cpu_relax(void) {
 
 static void *pool_worker(void *arg) {
     const int me = (int)(intptr_t)arg, parts = pool.workers + 1;
-    unsigned seen = atomic_load(&pool.posted);
+    unsigned seen = pool.first;     /* not `posted` now: a product may be posted before we run */
     for (;;) {
         unsigned spins = 0;
         while (atomic_load_explicit(&pool.posted, memory_order_acquire) == seen) {
@@ -305,6 +306,7 @@ int qpool_active(int on, int workers) {
         if (workers > POOL_MAX) workers = POOL_MAX;
         int started = 0;
         pool.workers = workers;                 /* read by each worker as it starts */
+        pool.first = atomic_load(&pool.posted); /* steady: nothing is posted while inactive */
         for (int i = 0; i < workers; i++) {
             pthread_t t;
             pthread_attr_t attr;
