@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from . import glue as glue_mod
 from . import prompt_logprobs as prompt_lp
 from .base import EngineInfo, SeqOutput
 from .block_tables import BlockTables
@@ -202,6 +203,10 @@ class PagedLlamaRunner(_SamplingRunner):
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None) or None
         # q4: the kernels' threads spin through a decode step instead of sleeping (`quant.StepPool`)
         self.step_pool = step_pool(model)
+        # q4: the norms and RoPE of those steps in C too (`glue`), where it copies HF's norms
+        quantized = getattr(model, "actorserve_quant", None) is not None
+        self.glue = (glue_mod.load() if quantized and not family.sandwich
+                     and glue_mod.usable(self.layers, self.dtype) else None)
         act = getattr(cfg, "hidden_act", None)
         self._silu_mlp = act == "silu" and all(hasattr(self.layers[0].mlp, a)
                                                for a in ("gate_proj", "up_proj", "down_proj"))
@@ -246,6 +251,8 @@ class PagedLlamaRunner(_SamplingRunner):
         h = self.base.embed_tokens(plan.input_ids)
         cos, sin = self._rope(plan.positions, h)
         attn_out = self.kv.scratch("attn", (T, nh * d))
+        if self.glue is not None and T <= MAX_ROWS:
+            return self._forward_glued(plan, h, cos, sin, attn_out)
         for li, layer in enumerate(self.layers):
             a = layer.self_attn
             x = layer.input_layernorm(h)
@@ -260,6 +267,31 @@ class PagedLlamaRunner(_SamplingRunner):
                 continue
             h.add_(a.o_proj(attn_out))                       # h is this step's own tensor
             h.add_(self._mlp(layer.mlp, layer.post_attention_layernorm(h)))
+        return h
+
+    def _forward_glued(self, plan: StepPlan, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       attn_out: torch.Tensor) -> torch.Tensor:
+        """`_forward` for a quantized step with the C glue: each residual add and the norm
+        after it in one call, RoPE in place (the same arithmetic as HF's modules)."""
+        glue, fam, layers = self.glue, self.family, self.layers
+        nh, nkv, d = self.n_heads, self.n_kv, self.head_dim
+        x = self.kv.scratch("glue_x", tuple(h.shape))
+        glue.add_rmsnorm(h, None, layers[0].input_layernorm, x)
+        for li, layer in enumerate(layers):
+            a = layer.self_attn
+            q, k, v = project_qkv(fam, a, x, nh, nkv, d)
+            if not glue.rope(q, cos, sin):
+                q = apply_rope(q, cos, sin)
+            if not glue.rope(k, cos, sin):
+                k = apply_rope(k, cos, sin)
+            self.kv.write(li, plan.slots, k, v)
+            paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap, self.decode_kernel)
+            glue.add_rmsnorm(h, a.o_proj(attn_out), layer.post_attention_layernorm, x)
+            m = self._mlp(layer.mlp, x)
+            if li + 1 < len(layers):
+                glue.add_rmsnorm(h, m, layers[li + 1].input_layernorm, x)
+            else:
+                h.add_(m)
         return h
 
     @torch.inference_mode()

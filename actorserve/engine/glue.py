@@ -1,0 +1,93 @@
+"""A quantized decode step's small per-layer operations in C (`csrc/glue.c`).
+
+Why. With q4 and the step pool, one SmolLM2 sequence decodes in about 12 ms a step, of which
+the quantized products are about 7; most of the rest was torch dispatch for tiny tensors: HF's
+RMSNorm is six operations (cast, square, mean, add, rsqrt, two multiplies) and RoPE seven for
+each of q and k, each a few microseconds for a few hundred numbers, 30 layers a step.
+
+What. `Glue.add_rmsnorm` (the residual add and the next norm in one call) and `Glue.rope`
+(in place, q and k of a layer in one call when they are adjacent in the q/k/v product's
+output), for the steps that already take the quantized kernels (at most `quant.MAX_ROWS`
+rows, ``--quantization q4``) and only for the norms whose arithmetic it copies (HF's
+Llama-style RMSNorm: Llama, Mistral, Qwen2/3, Phi-3; Gemma's ``1 + w`` norms keep torch).
+Dense steps keep HF's own modules, so the dense paths stay HF's arithmetic exactly.
+
+Arithmetic. HF's order and roundings, step by step (see the C file); for float32 the only
+difference can be the summation order of the norm's mean of squares.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import subprocess
+from typing import Any
+
+import torch
+
+from . import cbuild
+
+log = logging.getLogger(__name__)
+
+# RMSNorm classes computing w * (x * rsqrt(mean(x^2) + eps)).to(dtype), eps in `variance_epsilon`
+LLAMA_STYLE_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm")
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class Glue:
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        p, i, f, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
+        self._norm = lib.add_rmsnorm
+        self._norm.argtypes = [p, p, L, p, f, p, L, i, i, i]
+        self._norm.restype = None
+        self._rope = lib.rope
+        self._rope.argtypes = [p, L, i, i, i, p, p, i, i]
+        self._rope.restype = None
+
+    def add_rmsnorm(self, h: torch.Tensor, delta: torch.Tensor | None, norm: Any, out: torch.Tensor) -> None:
+        """``h += delta`` (unless None), then ``out = norm(h)``; h ``[T, D]`` contiguous, delta
+        and out ``[T, D]`` with unit stride along D, all of h's dtype."""
+        T, D = h.shape
+        self._norm(h.data_ptr(), None if delta is None else delta.data_ptr(),
+                   0 if delta is None else delta.stride(0), norm.weight.data_ptr(),
+                   norm.variance_epsilon, out.data_ptr(), out.stride(0), T, D, h.dtype is torch.bfloat16)
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        """RoPE in place on ``x [T, heads, d]`` with the step's cos/sin rows ``[T, 1, rd]``;
+        False (x untouched) where it does not take them: heads not contiguous within a row,
+        cos/sin not contiguous or not of x's dtype."""
+        T, heads, d = x.shape
+        if (x.stride(2) != 1 or x.stride(1) != d or cos.dtype != x.dtype or sin.dtype != x.dtype
+                or not (cos.is_contiguous() and sin.is_contiguous()) or x.dtype not in _DTYPES):
+            return False
+        self._rope(x.data_ptr(), x.stride(0), T, heads, d, cos.data_ptr(), sin.data_ptr(),
+                   cos.shape[-1], x.dtype is torch.bfloat16)
+        return True
+
+
+def usable(layers: list[Any], dtype: torch.dtype) -> bool:
+    """Whether the glue computes these layers' norms as HF does (see the module docstring)."""
+    if dtype not in _DTYPES:
+        return False
+    for layer in layers:
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            norm = getattr(layer, name, None)
+            if type(norm).__name__ not in LLAMA_STYLE_NORMS or not hasattr(norm, "variance_epsilon"):
+                return False
+            if norm.weight.dtype != dtype or not norm.weight.is_contiguous():
+                return False
+    return True
+
+
+_lib: list[Glue | None] = []
+
+
+def load() -> Glue | None:
+    """The loaded glue, built on first use; None (and a warning, once) without a C compiler."""
+    if not _lib:
+        try:
+            _lib.append(Glue(ctypes.CDLL(str(cbuild.build("glue")))))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            log.warning("decode glue unavailable (%s); torch runs the norms and RoPE", exc)
+            _lib.append(None)
+    return _lib[0]

@@ -1,0 +1,113 @@
+"""The quantized decode step's C glue (`engine.glue`, `csrc/glue.c`): the residual add + RMSNorm
+and RoPE compute what HF's modules compute (RoPE and the add bit for bit, the norm up to the
+order of its sum), it is used only where it copies the norm's arithmetic, and a q4 engine
+decodes the same tokens with it as without it, family by family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from actorserve.engine import cbuild, glue, quant
+from actorserve.engine.families import apply_rope
+
+pytestmark = pytest.mark.skipif(cbuild.compiler() is None, reason="no C compiler to build the glue")
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def g():
+    lib = glue.load()
+    assert lib is not None
+    return lib
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rmsnorm_is_the_residual_add_then_hf_llama_rmsnorm(g, dtype):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(576, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.3)
+    norm = norm.to(dtype)
+    for rows in (1, 3, 8):
+        h = (torch.randn(rows, 576) * 4).to(dtype)
+        wide = (torch.randn(rows, 700)).to(dtype)
+        delta = wide[:, 50:626]                       # a row stride of its own
+        want_h = h + delta
+        with torch.inference_mode():
+            want = norm(want_h)
+        out = torch.empty(rows, 576, dtype=dtype)
+        g.add_rmsnorm(h, delta, norm, out)
+        assert torch.equal(h, want_h)                 # the add: bit for bit
+        if dtype == torch.float32:
+            torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
+        else:                                         # one bf16 ulp at most, and rarely
+            diff = (out.float() - want.float()).abs() / want.float().abs().clamp_min(1e-3)
+            assert diff.max() <= 2 ** -7 and (out != want).float().mean() < 0.01
+        plain = torch.empty_like(out)
+        g.add_rmsnorm(h, None, norm, plain)           # no delta: h unchanged, only the norm
+        assert torch.equal(h, want_h)
+        with torch.inference_mode():
+            torch.testing.assert_close(plain.float(), norm(h).float(), atol=0.02 if dtype != torch.float32 else 1e-6,
+                                       rtol=0.02 if dtype != torch.float32 else 1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rd", [64, 32])             # full and partial rotary
+def test_rope_in_place_is_bit_for_bit_hf_rope(g, dtype, rd):
+    torch.manual_seed(1)
+    T, nh, nkv, d = 5, 9, 3, 64
+    qkv = torch.randn(T, (nh + 2 * nkv) * d).to(dtype)     # q, k, v side by side, as the group returns
+    q = qkv[:, :nh * d].view(T, nh, d)
+    k = qkv[:, nh * d:(nh + nkv) * d].view(T, nkv, d)
+    v_before = qkv[:, (nh + nkv) * d:].clone()
+    cos = torch.randn(T, 1, rd).to(dtype)
+    sin = torch.randn(T, 1, rd).to(dtype)
+    want_q, want_k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    assert g.rope(q, cos, sin) and g.rope(k, cos, sin)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    assert torch.equal(qkv[:, (nh + nkv) * d:], v_before)   # v untouched
+    split_heads = torch.randn(T, d, nh).to(dtype).transpose(1, 2)     # heads not contiguous
+    assert not g.rope(split_heads, cos, sin)
+    assert not g.rope(torch.randn(T, nh, d), cos.double(), sin.double())
+
+
+def test_only_llama_style_norms_take_the_glue():
+    import transformers as tr
+
+    cfg = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+               num_attention_heads=4, num_key_value_heads=2)
+    llama = tr.LlamaForCausalLM(tr.LlamaConfig(**cfg))
+    gemma = tr.GemmaForCausalLM(tr.GemmaConfig(**cfg, head_dim=16))
+    assert glue.usable(list(llama.model.layers), torch.float32)
+    assert not glue.usable(list(llama.model.layers), torch.bfloat16)     # weights of another dtype
+    assert not glue.usable(list(gemma.model.layers), torch.float32)      # (1 + w) norms
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_bias", "qwen2", "phi3", "phi3_partial", "gemma"])
+def test_a_q4_engine_decodes_the_same_with_and_without_the_glue(arch):
+    from test_model_families import PROMPTS, _build, make
+
+    model = _build(arch)
+    model.actorserve_quant = quant.quantize_model(model, "q4")
+    runs = []
+    for use in (True, False):
+        d, rec = make(model)
+        assert (d.engine.glue is not None) == (arch != "gemma")
+        if not use:
+            d.engine.glue = None
+        calls = []
+        if use and d.engine.glue is not None:
+            real = d.engine._forward_glued
+            d.engine._forward_glued = lambda *a: (calls.append(1), real(*a))[1]
+        seqs = [d.new(f"r{i}", p) for i, p in enumerate(PROMPTS)]
+        runs.append((d.run(seqs, 8, chunk=5), rec.logits))
+        if use and arch != "gemma":
+            assert calls                              # the decode steps went through it
+    (with_tokens, with_logits), (without_tokens, without_logits) = runs
+    assert with_tokens == without_tokens
+    for rid, steps in with_logits.items():
+        torch.testing.assert_close(torch.stack(steps), torch.stack(without_logits[rid]), atol=1e-4, rtol=1e-4)
