@@ -140,6 +140,29 @@ def test_a_forked_child_starts_its_own_step_pool():
     assert proc.exitcode == 0
 
 
+def test_bf16_activations_take_the_dot_product_path_and_agree_with_the_float_path():
+    ql = _linear("q4", 203, 320, seed=9)
+    lib = ql.lib
+    if lib.bf16_path(-1) < 0:
+        pytest.skip("this CPU has no avx512_bf16: only the float path is built")
+    deq = quant.dequantize_q4(ql.w.q, ql.w.d, ql.w.m)
+    for rows in range(1, quant.MAX_ROWS + 1):
+        x = (torch.randn(rows, 320) * 2).bfloat16()
+        want = F.linear(x.float(), deq, ql.module.bias.float())
+        try:
+            assert lib.bf16_path(0) == 0
+            floats = ql(x)
+        finally:
+            assert lib.bf16_path(1) == 1
+        dots = ql(x)
+        for got in (floats, dots):
+            torch.testing.assert_close(got.float(), want.bfloat16().float(), atol=2e-2, rtol=2e-2)
+        # the same sums in another order: one bfloat16 rounding apart at most (and float32
+        # rounding of sums of terms of about 1 near zero)
+        diff = (dots.float() - floats.float()).abs()
+        assert (diff <= floats.float().abs() * 2 ** -7 + 1e-4).all(), (rows, diff.max())
+
+
 def test_quantize_model_patches_the_linears_and_refuses_unknown_modes():
     with pytest.raises(ValueError, match="unknown quantization"):
         quant.quantize_model(torch.nn.Linear(32, 4), "q2")

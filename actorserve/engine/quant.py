@@ -23,7 +23,12 @@ says how close; 0 up to float32 rounding for the default model). For a model tha
 quantized this way it is ordinary 4-bit quantization, with its usual loss: check it.
 
 Arithmetic. Activations and accumulation stay float32 in the kernel; the output is cast to the
-model's dtype.
+model's dtype. With bfloat16 activations (steps of at most 4 rows, CPUs with avx512_bf16) the
+q4 kernel multiplies the activations as they are by the nibbles as bfloat16 numbers
+(vdpbf16ps; exact products, float32 sums) and applies d and m per group after: the same sums
+in another order, about 10% faster a step (`_Lib.bf16_path` turns it off, for comparison).
+
+Threads. `StepPool`: during a decode step the kernels' worker threads spin between products.
 """
 
 from __future__ import annotations
@@ -106,6 +111,9 @@ class _Lib:
         self.qgemv = lib.qgemv
         self.qgemv.argtypes = [i, p, i, i, i, p, p, p, i, p, p, i, i]
         self.qgemv.restype = ctypes.c_int
+        self.bf16_path = lib.qgemv_bf16_path
+        self.bf16_path.argtypes = [i]
+        self.bf16_path.restype = ctypes.c_int
         self.qpool_active = lib.qpool_active
         self.qpool_active.argtypes = [i, i]
         self.qpool_active.restype = ctypes.c_int

@@ -85,6 +85,57 @@ static inline __attribute__((always_inline)) void q4_row(
     }
 }
 
+#if defined(__AVX512BF16__)
+/* q4 with bfloat16 activations (the server's default dtype on CPUs with avx512_bf16): the
+ * nibbles become bfloat16 numbers with one OR -- 0x4300 | q is exactly 128 + q -- and
+ * vdpbf16ps multiplies 32 of them by the group's 32 activations at once, exactly (a product
+ * of two bfloat16 numbers fits a float32), summing in float32. Per group and row that gives
+ * sum((128 + q) x); the weight is d q + m, so the row's result is
+ *   sum_g d_g sum((128 + q) x) + (m_g - 128 d_g) sum_g(x),
+ * with the per-group activation sums `xs` (float32). About two thirds of the float path's
+ * instructions per group (no int-to-float conversions, no dequantizing FMAs). */
+static inline __attribute__((always_inline)) void q4_row_bf16(
+        const uint16_t *restrict x, const int M, int K, const uint8_t *restrict qn,
+        const uint16_t *restrict dn, const uint16_t *restrict mn, const float *restrict xs,
+        float *restrict res) {
+    const int G = K / 32;
+    __m512 a0[MAXM], a1[MAXM], off[MAXM];
+    for (int r = 0; r < M; r++) a0[r] = a1[r] = off[r] = _mm512_setzero_ps();
+    const __m256i nib16 = _mm256_set1_epi16(0xf);
+    const __m512i k128 = _mm512_set1_epi16(0x4300);
+    for (int g0 = 0; g0 < G; g0 += 16) {            /* 16 groups' d and m at a time */
+        const int ng = G - g0 < 16 ? G - g0 : 16;
+        const __mmask16 mask = (__mmask16)((1u << ng) - 1);
+        const __m512 dvec = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, dn + g0));
+        const __m512 mvec = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, mn + g0));
+        const __m512 cvec = _mm512_fnmadd_ps(dvec, _mm512_set1_ps(128.0f), mvec);   /* m - 128 d */
+        for (int r = 0; r < M; r++)
+            off[r] = _mm512_fmadd_ps(cvec, _mm512_maskz_loadu_ps(mask, xs + (size_t)r * G + g0), off[r]);
+        for (int j = 0; j < ng; j++) {
+            const int g = g0 + j;
+            __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qn + g * 16)));
+            __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, nib16)),
+                                           _mm256_srli_epi16(b, 4), 1);
+            __m512bh wb = (__m512bh)_mm512_or_si512(w, k128);
+            __m512 dv = _mm512_permutexvar_ps(_mm512_set1_epi32(j), dvec);
+            if (j & 1)
+                for (int r = 0; r < M; r++) {
+                    __m512bh xb = (__m512bh)_mm512_loadu_si512(x + (size_t)r * K + g * 32);
+                    a1[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), wb, xb), dv, a1[r]);
+                }
+            else
+                for (int r = 0; r < M; r++) {
+                    __m512bh xb = (__m512bh)_mm512_loadu_si512(x + (size_t)r * K + g * 32);
+                    a0[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), wb, xb), dv, a0[r]);
+                }
+        }
+    }
+    for (int r = 0; r < M; r++)
+        res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])) + _mm512_reduce_add_ps(off[r]);
+}
+#define HAVE_Q4_BF16 1
+#endif
+
 #define Q8_GROUP(G_, A0, A1) do {                                                          \
         __m512 dv = _mm512_set1_ps(half_to_float(dn[G_]));                                     \
         __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(                     \
@@ -202,6 +253,7 @@ static inline uint16_t float_to_bf16(float f) {      /* round to nearest even */
 typedef struct {
     int kind, M, K, N, G, y_bf16, n0, n1;
     const float *xf, *xs, *bias;
+    const uint16_t *xb;             /* the bfloat16 input as given, or NULL */
     const void *q;
     const uint16_t *d, *m;
     void *y;
@@ -214,7 +266,12 @@ static void run_rows(const job_t *j) {
     (void)xs;
     for (int n = j->n0; n < j->n1; n++) {
         float res[MAXM];
-        if (j->kind == 4) {
+        if (j->kind == 4 && j->xb) {
+#ifdef HAVE_Q4_BF16
+#define Q4B(M_) q4_row_bf16(j->xb, M_, K, (const uint8_t *)j->q + (size_t)n * K / 2, d + (size_t)n * G, m + (size_t)n * G, xs, res)
+            CASES(Q4B)
+#endif
+        } else if (j->kind == 4) {
 #define Q4(M_) q4_row(xf, M_, K, (const uint8_t *)j->q + (size_t)n * K / 2, d + (size_t)n * G, m + (size_t)n * G, xs, res)
             CASES(Q4)
         } else {
@@ -330,6 +387,24 @@ int qpool_active(int on, int workers) {
     return n;
 }
 
+#ifdef HAVE_Q4_BF16
+static int bf16_path = 1;
+#else
+static const int bf16_path = 0;
+#endif
+
+/* Whether q4 products of bfloat16 activations take the vdpbf16ps path: on = 0 or 1 sets it
+ * (where the CPU has it), -1 only asks. Returns the setting, or -1 where the path is not built. */
+int qgemv_bf16_path(int on) {
+#ifdef HAVE_Q4_BF16
+    if (on >= 0) bf16_path = on ? 1 : 0;
+    return bf16_path;
+#else
+    (void)on;
+    return -1;
+#endif
+}
+
 /* y[M, N] = x[M, K] @ W^T (+ bias): `kind` 4 (q4: q packed nibbles, d and m) or 8 (q8: q int8,
  * d; m unused); x and y float32 or bfloat16 (the flags), bias float32 or NULL. x is widened
  * once to float32 (with q4's per-group sums) before the rows are spread over the threads: the
@@ -350,7 +425,8 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         for (int e = 0; e < 32; e++) sum += xf[i * 32 + e];
         xs[i] = sum;
     }
-    job_t job = {kind, M, K, N, G, y_bf16, 0, N, xf, xs, bias, q, d, m, y};
+    const uint16_t *xb = x_bf16 && kind == 4 && bf16_path && M <= 4 ? (const uint16_t *)x : NULL;
+    job_t job = {kind, M, K, N, G, y_bf16, 0, N, xf, xs, bias, xb, q, d, m, y};
     int pooled = 0;
     if (N >= 64 && atomic_load_explicit(&pool.active, memory_order_relaxed)
             && !atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire)) {
