@@ -111,3 +111,43 @@ def test_a_q4_engine_decodes_the_same_with_and_without_the_glue(arch):
     assert with_tokens == without_tokens
     for rid, steps in with_logits.items():
         torch.testing.assert_close(torch.stack(steps), torch.stack(without_logits[rid]), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_fused_step_decodes_as_the_glued_one(arch, dtype):
+    """`fused_step`: every layer of a decode step in one C call, for the Llama-shaped
+    families (Llama, Qwen2 with its q/k/v biases); Qwen3 (per-head norms) and Phi-3 (one
+    q/k/v weight) keep the glued path."""
+    import transformers as tr
+    from test_model_families import COMMON, PROMPTS, _build, make
+
+    if arch == "llama":
+        torch.manual_seed(0)
+        cfg = {**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1}
+        model = tr.LlamaForCausalLM(tr.LlamaConfig(**cfg, head_dim=32)).eval()
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0, 1.0)
+    else:
+        model = _build(arch)
+    model = model.to(dtype)
+    model.actorserve_quant = quant.quantize_model(model, "q4")
+    runs = []
+    for fused in (True, False):
+        d, rec = make(model)
+        assert (d.engine.fused is not None) == (arch in ("llama", "qwen2"))
+        if not fused:
+            d.engine.fused = None
+        calls = []
+        if d.engine.fused is not None:
+            real = d.engine.fused.run
+            d.engine.fused.run = lambda *a: (calls.append(real(*a)), calls[-1])[1]
+        seqs = [d.new(f"r{i}", p) for i, p in enumerate(PROMPTS)]
+        runs.append((d.run(seqs, 8, chunk=5), rec.logits))
+        if fused and arch in ("llama", "qwen2"):
+            assert any(calls) and not all(calls)     # decode steps fused; mixed prefill steps not
+    (tokens, logits), (ref_tokens, ref_logits) = runs
+    assert tokens == ref_tokens
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    for rid, steps in logits.items():
+        torch.testing.assert_close(torch.stack(steps), torch.stack(ref_logits[rid]), atol=tol, rtol=tol)

@@ -226,8 +226,9 @@ def test_default_model_q4_is_its_own_weights_and_decodes_the_same():
     qmodel.lm_head.forward = lambda x: (calls.append(x.shape[0]), head(x))[1]
     engine = build_engine(qmodel, num_blocks=64, block_size=16)
     assert (engine.step_pool is not None) == (torch.get_num_threads() > 1)
+    assert engine.fused is not None                                # decode steps: one C call
     got = [greedy(engine, p, 16) for p in prompts]
     assert got == ref
-    engine.step_pool = None                                        # the same without the pool
+    engine.step_pool = engine.fused = None                         # the same without pool and fusion
     assert [greedy(engine, p, 16) for p in prompts[:2]] == ref[:2]
     assert calls and max(calls) <= quant.MAX_ROWS

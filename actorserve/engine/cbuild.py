@@ -2,9 +2,9 @@
 
 Plain C with OpenMP and no torch headers, so a kernel compiles in about a second on first use:
 ``cc -O3 -march=native -fopenmp -shared``, into ``$ACTORSERVE_KERNEL_CACHE`` or
-``~/.cache/actorserve/kernels``, named by a hash of the source, the flags, the compiler's
-version and the CPU's model and flags (``-march=native`` code is only reused on the CPU it was
-built for), written to a temporary name and renamed into place. Callers load the result with
+``~/.cache/actorserve/kernels``, named by a hash of the sources (all of ``csrc/``: one may
+include another), the flags, the compiler's version and the CPU's model and flags
+(``-march=native`` code is only reused on the CPU it was built for), written to a temporary name and renamed into place. Callers load the result with
 ctypes (which releases the GIL for each call); its ``libgomp`` is the one torch already loaded.
 """
 
@@ -50,7 +50,9 @@ def build(name: str, dest_dir: Path | None = None) -> Path:
         raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
     source = CSRC / f"{name}.c"
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(FLAGS).encode(), version.encode(),
+    # every file of csrc/, not only `source`: a kernel may #include another
+    sources = [source.read_bytes()] + [p.read_bytes() for p in sorted(CSRC.glob("*.[ch]")) if p != source]
+    key = hashlib.sha256(b"\0".join([*sources, " ".join(FLAGS).encode(), version.encode(),
                                      _cpu_key().encode()])).hexdigest()[:20]
     dest_dir = dest_dir or cache_dir()
     dest = dest_dir / f"{name}-{key}.so"

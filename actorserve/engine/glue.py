@@ -1,4 +1,5 @@
-"""A quantized decode step's small per-layer operations in C (`csrc/glue.c`).
+"""A quantized decode step's small per-layer operations in C (`csrc/glue.c`, built into the
+kernels' library, `csrc/decode_step.c`).
 
 Why. With q4 and the step pool, one SmolLM2 sequence decodes in about 12 ms a step, of which
 the quantized products are about 7; most of the rest was torch dispatch for tiny tensors: HF's
@@ -86,7 +87,7 @@ def load() -> Glue | None:
     """The loaded glue, built on first use; None (and a warning, once) without a C compiler."""
     if not _lib:
         try:
-            _lib.append(Glue(ctypes.CDLL(str(cbuild.build("glue")))))
+            _lib.append(Glue(ctypes.CDLL(str(cbuild.build("decode_step")))))
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             log.warning("decode glue unavailable (%s); torch runs the norms and RoPE", exc)
             _lib.append(None)

@@ -47,6 +47,9 @@ from . import cbuild
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 8            # csrc/qgemv.c's MAXM: wider steps use the dense weight
+# the library with the kernels: csrc/decode_step.c, which includes qgemv.c and glue.c (one
+# library, so the kernels, the glue and the fused step share one step pool)
+LIBRARY = "decode_step"
 MODES = ("none", "q4")
 
 
@@ -106,7 +109,8 @@ def dequantize_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 class _Lib:
     def __init__(self) -> None:
-        lib = ctypes.CDLL(str(cbuild.build("qgemv")))
+        lib = ctypes.CDLL(str(cbuild.build(LIBRARY)))
+        self.cdll = lib
         p, i = ctypes.c_void_p, ctypes.c_int
         self.qgemv = lib.qgemv
         self.qgemv.argtypes = [i, p, i, i, i, p, p, p, i, p, p, i, i]

@@ -42,7 +42,9 @@ from .block_tables import BlockTables
 from .decode_kernel import load as load_decode_kernel
 from .families import PAGED_MODEL_TYPES, Family, apply_rope, family_of, project_qkv, supports_paged
 from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
+from .fused_step import FusedStep
 from .quant import GATE_UP_GROUP, MAX_ROWS, step_pool
+from .quant import _Lib as quant_lib
 from .sequence import Sequence
 from .speculative import accepted
 
@@ -210,6 +212,9 @@ class PagedLlamaRunner(_SamplingRunner):
         act = getattr(cfg, "hidden_act", None)
         self._silu_mlp = act == "silu" and all(hasattr(self.layers[0].mlp, a)
                                                for a in ("gate_proj", "up_proj", "down_proj"))
+        # q4 decode steps of a Llama-shaped model: all the layers in one C call (`fused_step`)
+        self.fused = (FusedStep(self, quant_lib(), self.decode_kernel._fn)
+                      if self.glue is not None and FusedStep.supports(self) else None)
 
     def release(self, seq: Sequence) -> None:
         """Give back the sequence's row of the int32 block tables."""
@@ -252,6 +257,8 @@ class PagedLlamaRunner(_SamplingRunner):
         cos, sin = self._rope(plan.positions, h)
         attn_out = self.kv.scratch("attn", (T, nh * d))
         if self.glue is not None and T <= MAX_ROWS:
+            if self.fused is not None and self.fused.run(plan, h, cos, sin):
+                return h
             return self._forward_glued(plan, h, cos, sin, attn_out)
         for li, layer in enumerate(self.layers):
             a = layer.self_attn

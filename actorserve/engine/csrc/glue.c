@@ -1,4 +1,5 @@
-/* The small per-layer operations of a quantized decode step (actorserve.engine.glue), one call
+/* The small per-layer operations of a quantized decode step (actorserve.engine.glue; built as
+ * part of decode_step.c, which includes it, and used there too), one call
  * each instead of the half-dozen torch operations each takes in HF's modules: at one sequence
  * a torch operation costs a few microseconds of dispatch for a few hundred numbers, and a
  * layer had about thirty of them.

@@ -1,4 +1,5 @@
-/* Weight-only quantized matrix-vector products for decode steps (actorserve.engine.quant).
+/* Weight-only quantized matrix-vector products for decode steps (actorserve.engine.quant);
+ * built as part of decode_step.c, which includes it.
  *
  * y[M, N] = x[M, K] @ W[N, K]^T for a few rows M (decode: one row per sequence), with W held
  * in 32-weight groups along K, the layouts of GGUF's Q4_1 and Q8_0:
