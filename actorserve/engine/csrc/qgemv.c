@@ -103,7 +103,7 @@ static inline __attribute__((always_inline)) void q4_row_bf16(
     __m512 a0[MAXM], a1[MAXM], off[MAXM];
     for (int r = 0; r < M; r++) a0[r] = a1[r] = off[r] = _mm512_setzero_ps();
     const __m256i nib16 = _mm256_set1_epi16(0xf);
-    const __m512i k128 = _mm512_set1_epi16(0x4300);
+    const __m512i nib = _mm512_set1_epi16(0xf), k128 = _mm512_set1_epi16(0x4300);
     for (int g0 = 0; g0 < G; g0 += 16) {            /* 16 groups' d and m at a time */
         const int ng = G - g0 < 16 ? G - g0 : 16;
         const __mmask16 mask = (__mmask16)((1u << ng) - 1);
@@ -112,27 +112,39 @@ static inline __attribute__((always_inline)) void q4_row_bf16(
         const __m512 cvec = _mm512_fnmadd_ps(dvec, _mm512_set1_ps(128.0f), mvec);   /* m - 128 d */
         for (int r = 0; r < M; r++)
             off[r] = _mm512_fmadd_ps(cvec, _mm512_maskz_loadu_ps(mask, xs + (size_t)r * G + g0), off[r]);
-        for (int j = 0; j < ng; j++) {
+        int j = 0;
+        for (; j + 2 <= ng; j += 2) {           /* two groups: 32 bytes unpacked at once */
+            const int g = g0 + j;
+            __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qn + g * 16)));
+            __m512i lo = _mm512_ternarylogic_epi32(b, nib, k128, 0xEA);          /* (b & 15) | k128 */
+            __m512i hi = _mm512_or_si512(_mm512_srli_epi16(b, 4), k128);
+            /* 128-bit lanes 0-1 hold group g's nibbles, 2-3 group g + 1's: one group a vector */
+            __m512bh w0 = (__m512bh)_mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+            __m512bh w1 = (__m512bh)_mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+            __m512 dv0 = _mm512_permutexvar_ps(_mm512_set1_epi32(j), dvec);
+            __m512 dv1 = _mm512_permutexvar_ps(_mm512_set1_epi32(j + 1), dvec);
+            for (int r = 0; r < M; r++) {
+                const uint16_t *xr = x + (size_t)r * K + (size_t)g * 32;
+                __m512bh x0 = (__m512bh)_mm512_loadu_si512(xr), x1 = (__m512bh)_mm512_loadu_si512(xr + 32);
+                a0[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), w0, x0), dv0, a0[r]);
+                a1[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), w1, x1), dv1, a1[r]);
+            }
+        }
+        if (j < ng) {                           /* an odd last group */
             const int g = g0 + j;
             __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qn + g * 16)));
             __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, nib16)),
                                            _mm256_srli_epi16(b, 4), 1);
             __m512bh wb = (__m512bh)_mm512_or_si512(w, k128);
             __m512 dv = _mm512_permutexvar_ps(_mm512_set1_epi32(j), dvec);
-            if (j & 1)
-                for (int r = 0; r < M; r++) {
-                    __m512bh xb = (__m512bh)_mm512_loadu_si512(x + (size_t)r * K + g * 32);
-                    a1[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), wb, xb), dv, a1[r]);
-                }
-            else
-                for (int r = 0; r < M; r++) {
-                    __m512bh xb = (__m512bh)_mm512_loadu_si512(x + (size_t)r * K + g * 32);
-                    a0[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), wb, xb), dv, a0[r]);
-                }
+            for (int r = 0; r < M; r++) {
+                __m512bh xb = (__m512bh)_mm512_loadu_si512(x + (size_t)r * K + g * 32);
+                a0[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), wb, xb), dv, a0[r]);
+            }
         }
     }
-    for (int r = 0; r < M; r++)
-        res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])) + _mm512_reduce_add_ps(off[r]);
+    for (int r = 0; r < M; r++)          /* every lane is summed: one reduction */
+        res[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0[r], a1[r]), off[r]));
 }
 #define HAVE_Q4_BF16 1
 #endif
