@@ -119,7 +119,10 @@ async def one_request(http: aiohttp.ClientSession, url: str, model: str, i: int,
 
 async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with aiohttp.ClientSession() as http:
+    # a connection per request unless --keep-alive: reusing keep-alive connections, llama-server
+    # lost requests at every concurrency ("Server disconnected", "Can not write request body")
+    conn = aiohttp.TCPConnector(force_close=not args.keep_alive, limit=0)
+    async with aiohttp.ClientSession(connector=conn) as http:
         await one_request(http, url, model, 10_000, args.max_tokens, args.request_timeout)  # warm-up
         for concurrency, requests in args.levels:
             sem = asyncio.Semaphore(concurrency)
@@ -324,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the peers' OpenMP settings: their own defaults, or actorserve's (PASSIVE)")
     p.add_argument("--omp-spin", type=int, default=None,
                    help="GOMP_SPINCOUNT for every server (default: unset)")
+    p.add_argument("--keep-alive", action="store_true",
+                   help="reuse HTTP connections between requests (the runs before 2026-12-05 did)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     args.cwd = str(Path(__file__).resolve().parent.parent)
@@ -340,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
              "levels": [f"c={c} n={n}" for c, n in args.levels], "device": "cpu", "dtype": "float32",
              "actorserve_dtype": args.actorserve_dtype,
              "actorserve_quantization": args.actorserve_quantization, "peers": args.peers,
-             "actorserve_omp": OMP_ENV, "peer_omp": args.peer_omp, "GOMP_SPINCOUNT": args.omp_spin}
+             "actorserve_omp": OMP_ENV, "peer_omp": args.peer_omp, "GOMP_SPINCOUNT": args.omp_spin,
+             "connections": "keep-alive" if args.keep_alive else "one per request"}
     out: dict[str, Any] = {"bench": "peers", "setup": setup}
 
     if args.only != "peer":

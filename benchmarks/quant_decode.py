@@ -4,12 +4,14 @@ The real `PagedLlamaRunner` on the embedded SmolLM2-135M-Instruct, one greedy se
 B of them, B in ``--batches``, default 1, 4, 8: the steps the q4 kernels take) prefilled
 from a 14-token prompt, then ``--decode`` decode steps. Configurations, all in this run:
 fp32 dense, bf16 dense, q4 with fp32 activations, q4 with bf16 activations; each q4 engine
-also without its step pool (``without_step_pool``: the kernels' threads by the OpenMP rules
-alone, and at B=1 with every product on all threads, ``PARALLEL_MIN = 0``, which is why small
-products run on one without the pool), with the pool's speedup. Figures are ms per decode
-step (best of ``--repeats``) and the ratio of each to fp32 dense; ``greedy_same`` says
-whether q4-fp32's tokens equal dense fp32's (the default model's q4 weights are its own, so
-they should).
+also with its decode-step pieces taken away one by one (``without_fused_step``: the layers
+one Python call at a time; ``without_glue``: HF's norm and RoPE modules too;
+``without_step_pool``: and the kernels' threads by the OpenMP rules alone, with, at B=1,
+every product on all threads, ``PARALLEL_MIN = 0``, which is why small products run on one
+without the pool), each variant's greedy tokens against the full engine's. Figures are ms
+per decode step (best of ``--repeats``) and the ratio of each to fp32 dense;
+``greedy_same_q4_fp32_vs_fp32`` says whether q4-fp32's tokens equal dense fp32's (the
+default model's q4 weights are its own, so they should).
 
     .venv/bin/python benchmarks/quant_decode.py --json
 """
@@ -59,6 +61,11 @@ def decode(engine: Any, prompt: list[int], b: int, n: int) -> tuple[float, list[
     return ms, list(seqs[0].output_ids)
 
 
+# (name, the runner attributes set to None): each takes away one more piece of the q4 step
+VARIANTS = [("without_fused_step", ("fused",)), ("without_glue", ("fused", "glue")),
+            ("without_step_pool", ("fused", "glue", "step_pool"))]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="default")
@@ -83,19 +90,24 @@ def main() -> None:
             decode(engine, prompt, b, 4)
             fig[f"B{b}_ms"] = round(min(decode(engine, prompt, b, args.decode)[0] for _ in range(args.repeats)), 2)
         tokens[name] = decode(engine, prompt, 1, args.decode)[1]
-        if q != "none":               # the same engine without its step pool (OpenMP rules only)
-            pool, engine.step_pool = engine.step_pool, None
-            alone = {f"B{b}_ms": round(min(decode(engine, prompt, b, args.decode)[0]
-                                           for _ in range(args.repeats)), 2) for b in batches}
-            fig["greedy_same_without_step_pool"] = decode(engine, prompt, 1, args.decode)[1] == tokens[name]
-            keep, quant.PARALLEL_MIN = quant.PARALLEL_MIN, 0
-            alone["B1_all_threads_ms"] = round(min(decode(engine, prompt, 1, args.decode)[0]
-                                                   for _ in range(args.repeats)), 2)
-            quant.PARALLEL_MIN = keep
-            engine.step_pool = pool
-            fig["without_step_pool"] = alone
-            fig["step_pool_speedup"] = {f"B{b}": round(alone[f"B{b}_ms"] / fig[f"B{b}_ms"], 2) for b in batches}
-
+        if q != "none":               # the same engine with its decode-step machinery taken away
+            saved = {a: getattr(engine, a) for a in ("fused", "glue", "step_pool")}
+            for vname, off in VARIANTS:
+                for a in off:
+                    setattr(engine, a, None)
+                alone: dict[str, Any] = {f"B{b}_ms": round(min(decode(engine, prompt, b, args.decode)[0]
+                                                               for _ in range(args.repeats)), 2) for b in batches}
+                alone["greedy_same"] = decode(engine, prompt, 1, args.decode)[1] == tokens[name]
+                if vname == VARIANTS[-1][0]:   # ... and every small product on all threads
+                    keep, quant.PARALLEL_MIN = quant.PARALLEL_MIN, 0
+                    alone["B1_all_threads_ms"] = round(min(decode(engine, prompt, 1, args.decode)[0]
+                                                           for _ in range(args.repeats)), 2)
+                    quant.PARALLEL_MIN = keep
+                for a, v in saved.items():
+                    setattr(engine, a, v)
+                fig[vname] = alone
+            fig["speedup_over_without_all"] = {f"B{b}": round(fig[VARIANTS[-1][0]][f"B{b}_ms"] / fig[f"B{b}_ms"], 2)
+                                               for b in batches}
             fig["report"] = model.actorserve_quant.describe()
         result[name] = fig
         print(f"{name}: {fig}", file=sys.stderr, flush=True)
