@@ -151,3 +151,46 @@ def test_the_fused_step_decodes_as_the_glued_one(arch, dtype):
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     for rid, steps in logits.items():
         torch.testing.assert_close(torch.stack(steps), torch.stack(ref_logits[rid]), atol=tol, rtol=tol)
+
+
+def test_long_contexts_pause_the_step_pool_around_attention_and_decode_the_same():
+    """Past `decode_kernel.PARALLEL_MIN_ELEMENTS` the attention kernel runs on OpenMP threads:
+    the step pool sleeps through it (fused step in C, glued path in Python) and the tokens are
+    those of the plain path."""
+    import transformers as tr
+    from actorserve.engine.decode_kernel import PARALLEL_MIN_ELEMENTS
+    from test_model_families import make
+
+    torch.manual_seed(0)
+    cfg = tr.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096)
+    model = tr.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 1.0)
+    model.actorserve_quant = quant.quantize_model(model, "q4")
+    prompt = [(37 * i) % 250 + 3 for i in range(2100)]
+    assert len(prompt) * 2 * 64 >= PARALLEL_MIN_ELEMENTS
+    got = {}
+    for mode in ("fused", "glued", "plain"):
+        d, _ = make(model, num_blocks=160, block_size=16)
+        assert d.engine.fused is not None and d.engine.glue is not None
+        if mode != "fused":
+            d.engine.fused = None
+        if mode == "plain":
+            d.engine.glue = d.engine.step_pool = None
+        got[mode] = d.run([d.new("long", prompt)], 4, chunk=512)
+    assert got["fused"] == got["glued"] == got["plain"]
+
+
+def test_a_paused_step_pool_still_computes_and_resumes():
+    from test_quant import _linear
+
+    ql = _linear("q4", 256, 128, seed=3)
+    x = torch.randn(2, 128)
+    want = ql(x)
+    pool = quant.StepPool(workers=1)
+    with pool:
+        with pool.paused():
+            inside = ql(x)
+        after = ql(x)
+    assert torch.equal(inside, want) and torch.equal(after, want)

@@ -30,6 +30,9 @@ from . import cbuild
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "inplace", "gather")
+# K elements (context tokens x KV heads x head size) from which a step's attention runs on all
+# threads: csrc/paged_decode.c's rule (below it, one thread)
+PARALLEL_MIN_ELEMENTS = 1 << 18
 
 
 class DecodeKernel:

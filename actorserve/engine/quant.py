@@ -33,10 +33,12 @@ Threads. `StepPool`: during a decode step the kernels' worker threads spin betwe
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -124,7 +126,7 @@ class _Lib:
 
 
 class StepPool:
-    """The kernels' step pool (``csrc/qgemv.c``): ``with pool:`` around a decode step of at
+    """The kernels' step pool (``csrc/step_pool.c``): ``with pool:`` around a decode step of at
     most `MAX_ROWS` rows, and every quantized product of the step is split over `workers`
     threads besides the caller, which spin between the step's products instead of sleeping
     (so small products are worth splitting too) and sleep again when the step ends. The
@@ -140,6 +142,16 @@ class StepPool:
 
     def __exit__(self, *exc: object) -> None:
         self.lib.qpool_active(0, 0)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside an active step: the workers sleep (for a parallel region of OpenMP's, whose
+        thread needs the core a spinning worker holds), then spin again."""
+        self.lib.qpool_active(0, 0)
+        try:
+            yield
+        finally:
+            self.lib.qpool_active(1, self.workers)
 
 
 def step_pool(model: Any) -> StepPool | None:

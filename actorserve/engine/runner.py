@@ -27,6 +27,7 @@ HF's own KV cache, one sequence at a time. `build_engine` picks between them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,7 @@ from . import glue as glue_mod
 from . import prompt_logprobs as prompt_lp
 from .base import EngineInfo, SeqOutput
 from .block_tables import BlockTables
+from .decode_kernel import PARALLEL_MIN_ELEMENTS as ATTENTION_PARALLEL_MIN
 from .decode_kernel import load as load_decode_kernel
 from .families import PAGED_MODEL_TYPES, Family, apply_rope, family_of, project_qkv, supports_paged
 from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
@@ -283,6 +285,9 @@ class PagedLlamaRunner(_SamplingRunner):
         glue, fam, layers = self.glue, self.family, self.layers
         nh, nkv, d = self.n_heads, self.n_kv, self.head_dim
         x = self.kv.scratch("glue_x", tuple(h.shape))
+        # long contexts: attention goes parallel (OpenMP), so the step pool sleeps through it
+        pause = (self.step_pool is not None and self.decode_kernel is not None and torch.get_num_threads() > 1
+                 and sum(int(g.ctx.sum()) for g in plan.decode) * nkv * d >= ATTENTION_PARALLEL_MIN)
         glue.add_rmsnorm(h, None, layers[0].input_layernorm, x)
         for li, layer in enumerate(layers):
             a = layer.self_attn
@@ -292,7 +297,8 @@ class PagedLlamaRunner(_SamplingRunner):
             if not glue.rope(k, cos, sin):
                 k = apply_rope(k, cos, sin)
             self.kv.write(li, plan.slots, k, v)
-            paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap, self.decode_kernel)
+            with self.step_pool.paused() if pause else contextlib.nullcontext():
+                paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap, self.decode_kernel)
             glue.add_rmsnorm(h, a.o_proj(attn_out), layer.post_attention_layernorm, x)
             m = self._mlp(layer.mlp, x)
             if li + 1 < len(layers):

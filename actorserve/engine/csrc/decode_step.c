@@ -11,6 +11,8 @@
 #include "qgemv.c"
 #include "glue.c"
 
+#define ATTENTION_PARALLEL_MIN ((size_t)1 << 18)   /* K elements: paged_decode.c's threshold */
+
 typedef int (*attention_fn)(const float *q, const void *K, const void *V, int bf16,
                             const int32_t *table, int nb, const int32_t *ctx, int D, int nkv, int g,
                             int d, int bs, float scale, float softcap, float *out, int nthreads);
@@ -64,6 +66,12 @@ static inline void store_el(void *p, size_t i, float v, int bf16) {
 int decode_layers(const layer_t *L, int n, const step_t *S) {
     const int T = S->T, D = S->D, nh = S->nh, nkv = S->nkv, hd = S->hd, I = S->inter, bf16 = S->bf16;
     const int nq = nh * hd, nk = nkv * hd, nqkv = nq + 2 * nk, es = bf16 ? 2 : 4;
+    /* attention over long contexts goes parallel (paged_decode.c's rule): the pool's spinning
+     * worker would hold the core its OpenMP thread needs, so it sleeps through attention then */
+    size_t total = 0;
+    for (int t = 0; t < T; t++) total += (size_t)S->ctx[t];
+    const int pause = S->nthreads > 1 && total * (size_t)nkv * (size_t)hd >= ATTENTION_PARALLEL_MIN
+                      && atomic_load(&pool.active);
     add_rmsnorm(S->h, NULL, 0, L[0].in_norm, L[0].in_eps, S->x, D, T, D, bf16);
     for (int li = 0; li < n; li++) {
         const layer_t *l = &L[li];
@@ -76,9 +84,11 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
             memcpy((char *)l->v_cache + (size_t)S->slots[t] * nk * es, row + (size_t)(nq + nk) * es, (size_t)nk * es);
             for (int i = 0; i < nq; i++) S->qf[(size_t)t * nq + i] = load_el(row, i, bf16);
         }
-        if (S->attention(S->qf, l->k_cache, l->v_cache, bf16, S->table, S->nb, S->ctx, T, nkv, nh / nkv, hd,
-                         S->block_size, S->scale, 0.0f, S->of, S->nthreads))
-            return -1;
+        if (pause) qpool_active(0, 0);
+        const int rc = S->attention(S->qf, l->k_cache, l->v_cache, bf16, S->table, S->nb, S->ctx, T, nkv,
+                                    nh / nkv, hd, S->block_size, S->scale, 0.0f, S->of, S->nthreads);
+        if (pause) qpool_active(1, 0);
+        if (rc) return -1;
         for (size_t i = 0; i < (size_t)T * nq; i++) store_el(S->attn, i, S->of[i], bf16);
         if (product(&l->o, S->attn, T, S->o, bf16)) return -1;
         add_rmsnorm(S->h, S->o, D, l->post_norm, l->post_eps, S->x, D, T, D, bf16);
