@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=["actorserve", "peer"], default=None,
                    help="run only actorserve, or only the --peers")
     p.add_argument("--log-dir", default="/tmp")
-    p.add_argument("--actorserve-quantization", default="none", choices=("none", "q4"),
+    p.add_argument("--actorserve-quantization", default="none", choices=("none", "q4", "q4a8"),
                    help="actorserve's --quantization (q4: the GGUF's own 4-bit weights for decode steps)")
     p.add_argument("--actorserve-dtype", default="float32",
                    help="actorserve's --dtype (default float32, the transformers peer's; auto picks "

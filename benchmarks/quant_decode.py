@@ -72,13 +72,19 @@ def main() -> None:
     p.add_argument("--batches", default="1,4,8")
     p.add_argument("--decode", type=int, default=24)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--configs", default="fp32,bf16,q4_fp32,q4_bf16,q4a8_bf16",
+                   help="which engines (fp32 is the reference of the ratios; leave it in for them)")
+    p.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True,
+                   help="also each q4 engine without its fused step, glue and step pool")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     from actorserve.engine.models import load_model
 
     batches = [int(x) for x in args.batches.split(",")]
     configs = [("fp32", torch.float32, "none"), ("bf16", torch.bfloat16, "none"),
-               ("q4_fp32", torch.float32, "q4"), ("q4_bf16", torch.bfloat16, "q4")]
+               ("q4_fp32", torch.float32, "q4"), ("q4_bf16", torch.bfloat16, "q4"),
+               ("q4a8_bf16", torch.bfloat16, "q4a8")]
+    configs = [c for c in configs if c[0] in args.configs.split(",")]
     result: dict[str, Any] = {"threads": torch.get_num_threads(), "decode_steps": args.decode}
     tokens: dict[str, list[int]] = {}
     for name, dtype, q in configs:
@@ -90,7 +96,7 @@ def main() -> None:
             decode(engine, prompt, b, 4)
             fig[f"B{b}_ms"] = round(min(decode(engine, prompt, b, args.decode)[0] for _ in range(args.repeats)), 2)
         tokens[name] = decode(engine, prompt, 1, args.decode)[1]
-        if q != "none":               # the same engine with its decode-step machinery taken away
+        if q != "none" and args.variants:     # the same engine with its decode-step machinery taken away
             saved = {a: getattr(engine, a) for a in ("fused", "glue", "step_pool")}
             for vname, off in VARIANTS:
                 for a in off:
@@ -112,10 +118,15 @@ def main() -> None:
         result[name] = fig
         print(f"{name}: {fig}", file=sys.stderr, flush=True)
         del engine, model
-    for name, *_ in configs[1:]:
-        result[name]["speedup_vs_fp32"] = {f"B{b}": round(result["fp32"][f"B{b}_ms"] / result[name][f"B{b}_ms"], 2)
-                                           for b in batches}
-    result["greedy_same_q4_fp32_vs_fp32"] = tokens["q4_fp32"] == tokens["fp32"]
+    for name, *_ in configs:
+        if "fp32" in result and name != "fp32":
+            result[name]["speedup_vs_fp32"] = {f"B{b}": round(result["fp32"][f"B{b}_ms"] / result[name][f"B{b}_ms"], 2)
+                                               for b in batches}
+    if "q4_fp32" in tokens and "fp32" in tokens:
+        result["greedy_same_q4_fp32_vs_fp32"] = tokens["q4_fp32"] == tokens["fp32"]
+    if "q4a8_bf16" in tokens and "q4_bf16" in tokens:   # 8-bit activations: how far the tokens follow
+        a, b = tokens["q4a8_bf16"], tokens["q4_bf16"]
+        result["q4a8_greedy_prefix_vs_q4_bf16"] = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

@@ -42,9 +42,11 @@ def compiler() -> str | None:
     return None
 
 
-def build(name: str, dest_dir: Path | None = None) -> Path:
+def build(name: str, dest_dir: Path | None = None, extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile ``csrc/<name>.c`` (or find it already built); return the shared object's path.
-    Raises RuntimeError with the compiler's message when it cannot be built."""
+    `extra_flags` go after the usual ones (tests build the portable paths with
+    ``-mno-avx512f``). Raises RuntimeError with the compiler's message when it cannot be built."""
+    flags = [*FLAGS, *extra_flags]
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
@@ -52,7 +54,7 @@ def build(name: str, dest_dir: Path | None = None) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     # every file of csrc/, not only `source`: a kernel may #include another
     sources = [source.read_bytes()] + [p.read_bytes() for p in sorted(CSRC.glob("*.[ch]")) if p != source]
-    key = hashlib.sha256(b"\0".join([*sources, " ".join(FLAGS).encode(), version.encode(),
+    key = hashlib.sha256(b"\0".join([*sources, " ".join(flags).encode(), version.encode(),
                                      _cpu_key().encode()])).hexdigest()[:20]
     dest_dir = dest_dir or cache_dir()
     dest = dest_dir / f"{name}-{key}.so"
@@ -62,7 +64,7 @@ def build(name: str, dest_dir: Path | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=dest_dir)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(source), "-lm"], capture_output=True,
+        done = subprocess.run([cc, *flags, "-o", tmp, str(source), "-lm"], capture_output=True,
                               text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{Path(cc).name} failed: {(done.stderr or done.stdout).strip()[-800:]}")

@@ -28,6 +28,15 @@ q4 kernel multiplies the activations as they are by the nibbles as bfloat16 numb
 (vdpbf16ps; exact products, float32 sums) and applies d and m per group after: the same sums
 in another order, about 10% faster a step (`_Lib.bf16_path` turns it off, for comparison).
 
+8-bit activations (``--quantization q4a8``). The same weights; each product rounds its input
+rows to int8 per 32-element group (one float32 scale a group: llama.cpp's Q8_1, the arithmetic
+its CPU backend multiplies these GGUF blocks with) and sums the products in int32 with
+avx512_vnni's vpdpbusd, 64 weights an instruction, then scales per group (`csrc/act8.c`; a
+portable C path elsewhere computes the same integer sums). The LM head's q8 weights are then
+kept offset by 128 (uint8), as the instruction wants. Faster, and not exact: the activations'
+rounding is the model's only change (greedy tokens drift sooner than with q4; the perplexity
+figures are in docs/engine.md).
+
 Threads. `StepPool`: during a decode step the kernels' worker threads spin between products.
 """
 
@@ -52,7 +61,8 @@ MAX_ROWS = 8            # csrc/qgemv.c's MAXM: wider steps use the dense weight
 # the library with the kernels: csrc/decode_step.c, which includes qgemv.c and glue.c (one
 # library, so the kernels, the glue and the fused step share one step pool)
 LIBRARY = "decode_step"
-MODES = ("none", "q4")
+MODES = ("none", "q4", "q4a8")
+ACT8 = 16               # csrc/qgemv.c's QG_ACT8: a q4 product of 8-bit activations (q4a8.c)
 
 
 def _parallel_min() -> int:
@@ -110,8 +120,8 @@ def dequantize_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 
 class _Lib:
-    def __init__(self) -> None:
-        lib = ctypes.CDLL(str(cbuild.build(LIBRARY)))
+    def __init__(self, path: str | None = None) -> None:
+        lib = ctypes.CDLL(path or str(cbuild.build(LIBRARY)))
         self.cdll = lib
         p, i = ctypes.c_void_p, ctypes.c_int
         self.qgemv = lib.qgemv
@@ -166,8 +176,9 @@ class _Weights:
     float32 bias, and their addresses, taken once (the tensors never move)."""
 
     def __init__(self, bits: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
-                 bias: torch.Tensor | None) -> None:
-        self.bits, self.q, self.d, self.m, self.bias = bits, q, d, m, bias
+                 bias: torch.Tensor | None, act8: bool = False) -> None:
+        self.bits, self.q, self.d, self.m, self.bias, self.act8 = bits, q, d, m, bias, act8
+        self.kind = bits | (ACT8 if act8 else 0)             # what the kernel is told
         self.N = q.shape[0]
         self.ptrs = (q.data_ptr(), d.data_ptr(), None if m is None else m.data_ptr())
         self.bias_ptr = None if bias is None else bias.data_ptr()
@@ -186,7 +197,7 @@ class _Weights:
         y = torch.empty((rows, self.N), dtype=x.dtype)
         bf16 = 1 if x.dtype is torch.bfloat16 else 0
         q, d, m = self.ptrs
-        rc = lib.qgemv(self.bits, x2.data_ptr(), bf16, rows, K, q, d, m, self.N, self.bias_ptr,
+        rc = lib.qgemv(self.kind, x2.data_ptr(), bf16, rows, K, q, d, m, self.N, self.bias_ptr,
                        y.data_ptr(), bf16, 1 if self.size < PARALLEL_MIN else torch.get_num_threads())
         if rc != 0:
             raise RuntimeError(f"qgemv refused rows={rows} K={K}")
@@ -197,7 +208,7 @@ class QuantLinear:
     """Replaces one ``nn.Linear``'s forward: at most `MAX_ROWS` rows go through the quantized
     kernel, more through the dense weight the module keeps."""
 
-    def __init__(self, module: torch.nn.Linear, kind: str, lib: _Lib) -> None:
+    def __init__(self, module: torch.nn.Linear, kind: str, lib: _Lib, act8: bool = False) -> None:
         self.module, self.kind, self.lib = module, kind, lib
         w = module.weight
         self.N, self.K = w.shape
@@ -207,9 +218,11 @@ class QuantLinear:
         else:
             (q, d), m = quantize_q8(w), None
             self.err = (dequantize_q8(q, d) - w.float()).abs().max().item()
+            if act8:                # the 8-bit-activation kernel reads q + 128 as uint8 (act8.c)
+                q = (q.view(torch.uint8) ^ 0x80).contiguous()
         self.scale = w.float().abs().max().item() or 1.0
         bias = None if module.bias is None else module.bias.detach().float()
-        self.w = _Weights(4 if kind == "q4" else 8, q, d, m, bias)
+        self.w = _Weights(4 if kind == "q4" else 8, q, d, m, bias, act8)
         self.nbytes = q.numel() * q.element_size() + d.numel() * 2 * (2 if m is not None else 1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -236,12 +249,12 @@ class QuantGroup:
         bias = None
         if any(w.bias is not None for w in ws):
             bias = torch.cat([w.bias if w.bias is not None else torch.zeros(w.N) for w in ws])
-        self.w = _Weights(ws[0].bits, q, d, m, bias)
+        self.w = _Weights(ws[0].bits, q, d, m, bias, ws[0].act8)
         at = 0
         for ql, w in zip(members, ws):                  # share the storage
             sl = slice(at, at + w.N)
             ql.w = _Weights(w.bits, q[sl], d[sl], None if m is None else m[sl],
-                            None if bias is None or w.bias is None else bias[sl])
+                            None if bias is None or w.bias is None else bias[sl], w.act8)
             at += w.N
         self.lib = members[0].lib
 
@@ -258,7 +271,7 @@ class QuantGroup:
         qls = [getattr(mod, "forward", None) for mod in modules]
         if not all(isinstance(ql, QuantLinear) and ql.kind == "q4" for ql in qls):
             return None
-        if len({ql.K for ql in qls}) != 1:
+        if len({ql.K for ql in qls}) != 1 or len({ql.w.act8 for ql in qls}) != 1:
             return None
         return QuantGroup(qls)
 
@@ -305,7 +318,7 @@ def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
         if mod.in_features % GROUP:
             skipped += 1
             continue
-        ql = QuantLinear(mod, "q8" if mod is head else "q4", lib)
+        ql = QuantLinear(mod, "q8" if mod is head else "q4", lib, act8=mode == "q4a8")
         mod.forward = ql                       # an instance attribute: nn.Module.__call__ finds it
         layers += 1
         qbytes += ql.nbytes

@@ -243,6 +243,8 @@ static inline __attribute__((always_inline)) void q8_row(
 
 #endif
 
+#include "act8.c"     /* q4 and q8 with 8-bit activations */
+
 #define CASES(CALL) switch (M) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; \
     case 4: CALL(4); break; case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; \
     default: CALL(8); }
@@ -267,6 +269,9 @@ typedef struct {
     int kind, M, K, N, G, y_bf16, n0, n1;
     const float *xf, *xs, *bias;
     const uint16_t *xb;             /* the bfloat16 input as given, or NULL */
+    const int8_t *xq;               /* q4a8: the int8 activations (q4a8.c), or NULL */
+    const float *xd, *xdv;          /* q4a8: their scales */
+    const int32_t *xinit;           /* q8a8: the lanes' starting sums */
     const void *q;
     const uint16_t *d, *m;
     void *y;
@@ -279,7 +284,13 @@ static void run_rows(const job_t *j) {
     (void)xs;
     for (int n = j->n0; n < j->n1; n++) {
         float res[MAXM];
-        if (j->kind == 4 && j->xb) {
+        if (j->kind == 4 && j->xq) {
+#define Q4A8(M_) q4a8_row(j->xq, j->xd, j->xdv, xs, M_, K, (const uint8_t *)j->q + (size_t)n * K / 2, d + (size_t)n * G, m + (size_t)n * G, res)
+            CASES(Q4A8)
+        } else if (j->xq) {
+#define Q8A8(M_) q8a8_row(j->xq, j->xd, j->xdv, j->xinit, M_, K, (const uint8_t *)j->q + (size_t)n * K, d + (size_t)n * G, res)
+            CASES(Q8A8)
+        } else if (j->kind == 4 && j->xb) {
 #ifdef HAVE_Q4_BF16
 #define Q4B(M_) q4_row_bf16(j->xb, M_, K, (const uint8_t *)j->q + (size_t)n * K / 2, d + (size_t)n * G, m + (size_t)n * G, xs, res)
             CASES(Q4B)
@@ -321,16 +332,24 @@ int qgemv_bf16_path(int on) {
 }
 
 /* y[M, N] = x[M, K] @ W^T (+ bias): `kind` 4 (q4: q packed nibbles, d and m) or 8 (q8: q int8,
- * d; m unused); x and y float32 or bfloat16 (the flags), bias float32 or NULL. x is widened
+ * d; m unused), either with the flag QG_ACT8 (16) multiplying 8-bit activations (act8.c;
+ * for q8 the weights are then stored offset, q + 128 as uint8); x and y float32 or bfloat16 (the flags), bias float32 or NULL. x is widened
  * once to float32 (with q4's per-group sums) before the rows are spread over the threads: the
  * step pool's while it is active, else `nthreads` OpenMP threads.
  * Returns 0, or -1 for a shape it does not take (M outside 1..8, K not a multiple of 32) or
  * no memory. */
+#define QG_ACT8 16
+
 int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, const uint16_t *d,
           const uint16_t *m, int N, const float *bias, void *y, int y_bf16, int nthreads) {
+    const int act8 = (kind & QG_ACT8) != 0;
+    kind &= ~QG_ACT8;
     if (M < 1 || M > MAXM || K % 32 || (kind != 4 && kind != 8)) return -1;
     int G = K / 32;
-    float *xf = malloc(sizeof(float) * ((size_t)M * K + (size_t)M * G));
+    /* xf [M, K] and xs [M, G] float32; with act8 also xd [M, G], xdv [M, G/2, 16], xinit
+     * [M, G/2, 16] (int32), xq [M, K] */
+    const size_t nf = (size_t)M * K + (size_t)M * G + (act8 ? (size_t)M * G + (size_t)M * (G / 2) * 32 : 0);
+    float *xf = malloc(sizeof(float) * nf + (act8 ? (size_t)M * K : 0));
     if (!xf) return -1;
     float *xs = xf + (size_t)M * K;
     for (size_t i = 0; i < (size_t)M * K; i++)
@@ -341,7 +360,18 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         xs[i] = sum;
     }
     const uint16_t *xb = x_bf16 && kind == 4 && bf16_path && M <= 4 ? (const uint16_t *)x : NULL;
-    job_t job = {kind, M, K, N, G, y_bf16, 0, N, xf, xs, bias, xb, q, d, m, y};
+    int8_t *xq = NULL;
+    float *xd = NULL, *xdv = NULL;
+    int32_t *xinit = NULL;
+    if (act8) {
+        xd = xs + (size_t)M * G;
+        xdv = xd + (size_t)M * G;
+        xinit = (int32_t *)(xdv + (size_t)M * (G / 2) * 16);
+        xq = (int8_t *)(xf + nf);
+        quantize_act8(xf, M, K, kind, xq, xd, xdv, xinit);
+        xb = NULL;
+    }
+    job_t job = {kind, M, K, N, G, y_bf16, 0, N, xf, xs, bias, xb, xq, xd, xdv, xinit, q, d, m, y};
     int pooled = 0;
     if (N >= 64 && atomic_load_explicit(&pool.active, memory_order_relaxed)
             && !atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire)) {
@@ -355,7 +385,12 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         atomic_fetch_add_explicit(&pool.posted, 1, memory_order_release);
         job.n1 = N / parts;                                     /* the caller's share: the first */
         run_rows(&job);
-        while (atomic_load_explicit(&pool.remaining, memory_order_acquire) > 0) cpu_relax();
+        /* the worker's share: spin for it, yielding now and then (a worker that lost its core
+         * to another thread would otherwise have this one spin for a whole time slice) */
+        for (unsigned spins = 1; atomic_load_explicit(&pool.remaining, memory_order_acquire) > 0; spins++) {
+            cpu_relax();
+            if ((spins & 1023) == 0) sched_yield();
+        }
         atomic_flag_clear_explicit(&pool.busy, memory_order_release);
     } else if (nthreads > 1) {
         const int chunk = (N + nthreads - 1) / nthreads;
