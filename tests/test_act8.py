@@ -61,19 +61,20 @@ def portable() -> quant._Lib:
 def test_act8_kernels_compute_the_int8_arithmetic(build, kind, dtype, request):
     lib = request.getfixturevalue("portable") if build == "portable" else quant._Lib()
     gen = torch.Generator().manual_seed(2)
-    for K in (96, 576):                                # 3 groups (one alone after a pair), 18
-        ql = _linear(kind, 72, K, seed=K, lib=lib)
-        assert ql.w.act8 and ql.w.kind == (4 if kind == "q4" else 8) | quant.ACT8
+    for N, K in ((72, 96), (80, 576)):               # 3 groups (one alone after a pair), 18
+        ql = _linear(kind, N, K, seed=K, lib=lib)      # q4 with N = 80: the superblocks (q4n16.c)
+        n16 = kind == "q4" and N % 16 == 0
+        assert ql.w.act8 and ql.w.kind == (4 if kind == "q4" else 8) | quant.ACT8 | (quant.N16 if n16 else 0)
         if kind == "q8":                              # kept offset: q + 128 as uint8
             q8, _ = quant.quantize_q8(ql.module.weight)
             assert ql.w.q.dtype == torch.uint8 and torch.equal(ql.w.q.view(torch.int8) ^ -128, q8)
-        for rows in range(1, quant.MAX_ROWS + 1):
+        for rows in [*range(1, quant.MAX_ROWS + 1), *((13, 37) if n16 else ())]:
             x = torch.randn(rows, K, generator=gen) * torch.rand(rows, K, generator=gen) * 3
             x[0, 5] = 40.0                            # an outlier: its group's scale follows it
             x = x.to(dtype)
             want = reference(x, ql.w)
             got = ql(x)
-            assert got.dtype == dtype and got.shape == (rows, 72)
+            assert got.dtype == dtype and got.shape == (rows, N)
             if dtype == torch.float32:              # the same integers, float32 scaling
                 torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-5)
             else:                                   # and the bfloat16 rounding of the result
@@ -90,13 +91,20 @@ def test_act8_rounds_the_activations_and_stays_close_to_the_exact_product():
     torch.testing.assert_close(y_plain, exact, atol=1e-4, rtol=1e-4)
     err = (y_a8 - exact).abs().max().item()
     assert 0 < err < 0.02 * exact.abs().max().item()     # rounded, about 1% of the range
-    wide = torch.randn(quant.MAX_ROWS + 1, 576)          # wider steps: the dense weight, as q4
-    torch.testing.assert_close(a8(wide), F.linear(wide, a8.module.weight, a8.module.bias))
+    # wider steps (prefill): N a multiple of 16, so the superblock kernel takes them too
+    assert a8.w.sb is not None and a8.w.kind == 4 | quant.ACT8 | quant.N16
+    wide = torch.randn(100, 576)
+    torch.testing.assert_close(a8(wide).double(), reference(wide, a8.w), atol=1e-4, rtol=1e-5)
+    odd = _linear("q4", 72, 576, 4, lib)                 # N = 72: the row kernel, and dense beyond
+    assert odd.w.sb is None and odd.w.kind == 4 | quant.ACT8
+    wide = torch.randn(quant.MAX_ROWS + 1, 576)
+    torch.testing.assert_close(odd(wide), F.linear(wide, odd.module.weight, odd.module.bias))
 
 
 @pytest.mark.parametrize("kind", ["q4", "q8"])
-def test_the_step_pool_splits_an_act8_product_without_changing_a_bit(kind):
-    ql = _linear(kind, 203, 96, seed=5, lib=quant._Lib())
+@pytest.mark.parametrize("n", [203, 208])
+def test_the_step_pool_splits_an_act8_product_without_changing_a_bit(kind, n):
+    ql = _linear(kind, n, 96, seed=5, lib=quant._Lib())          # 208: 13 superblocks for q4
     pool = quant.StepPool(workers=1)
     for rows in range(1, quant.MAX_ROWS + 1):
         x = torch.randn(rows, 96).bfloat16()

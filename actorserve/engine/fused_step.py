@@ -47,7 +47,7 @@ class _Step(ctypes.Structure):
 
 def _qmat(w: Any) -> _QMat:
     q, d, m = w.ptrs
-    return _QMat(q, d, m, w.bias_ptr, w.N, w.q.shape[1] * (8 // w.bits), w.kind)
+    return _QMat(q, d, m, w.bias_ptr, w.N, w.K, w.kind)
 
 
 class FusedStep:

@@ -62,7 +62,9 @@ MAX_ROWS = 8            # csrc/qgemv.c's MAXM: wider steps use the dense weight
 # library, so the kernels, the glue and the fused step share one step pool)
 LIBRARY = "decode_step"
 MODES = ("none", "q4", "q4a8")
-ACT8 = 16               # csrc/qgemv.c's QG_ACT8: a q4 product of 8-bit activations (q4a8.c)
+ACT8 = 16               # csrc/qgemv.c's QG_ACT8: a product of 8-bit activations (act8.c)
+N16 = 32                # csrc/qgemv.c's QG_N16: with ACT8, q4 in q4n16.c's superblocks
+N16_MAX_ROWS = 65536    # its N16_MAXM: the superblock kernel takes prefill too
 
 
 def _parallel_min() -> int:
@@ -171,25 +173,45 @@ def step_pool(model: Any) -> StepPool | None:
     return StepPool(torch.get_num_threads() - 1)
 
 
+def repack_n16(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """q4 (packed, d, m) with N a multiple of 16 -> `csrc/q4n16.c`'s superblocks, uint8
+    ``[N/16, G, 320]``: per 16 rows and group, dword j (0..3) of each row's 16 packed bytes for
+    j in turn (256 bytes), then the 16 rows' d and m (float16). The same bytes, regrouped."""
+    N, half = packed.shape
+    G, nb = half // 16, N // 16
+    nib = packed.reshape(nb, 16, G, 4, 4).permute(0, 2, 3, 1, 4).reshape(nb, G, 256)
+    dd = d.reshape(nb, 16, G).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(nb, G, 32)
+    mm = m.reshape(nb, 16, G).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(nb, G, 32)
+    return torch.cat([nib, dd, mm], dim=-1).contiguous()
+
+
 class _Weights:
     """One quantized weight as the kernel reads it: q (packed), d, m (q4 only), an optional
-    float32 bias, and their addresses, taken once (the tensors never move)."""
+    float32 bias, and their addresses, taken once (the tensors never move). With `act8` the
+    products round their activations to 8 bits; a q4 weight whose N is a multiple of 16 is then
+    also held in `q4n16.c`'s superblocks (`sb`, or given: a group's members share its), which
+    take any number of rows (prefill too), not only `MAX_ROWS`."""
 
     def __init__(self, bits: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
-                 bias: torch.Tensor | None, act8: bool = False) -> None:
+                 bias: torch.Tensor | None, act8: bool = False, sb: torch.Tensor | None = None) -> None:
         self.bits, self.q, self.d, self.m, self.bias, self.act8 = bits, q, d, m, bias, act8
-        self.kind = bits | (ACT8 if act8 else 0)             # what the kernel is told
         self.N = q.shape[0]
-        self.ptrs = (q.data_ptr(), d.data_ptr(), None if m is None else m.data_ptr())
+        self.K = q.shape[1] * (8 // bits)
+        self.sb = None
+        if act8 and bits == 4 and self.N % 16 == 0 and m is not None:
+            self.sb = sb if sb is not None else repack_n16(q, d, m)
+        self.kind = bits | (ACT8 if act8 else 0) | (N16 if self.sb is not None else 0)   # what the kernel is told
+        self.ptrs = ((q if self.sb is None else self.sb).data_ptr(), d.data_ptr(), None if m is None else m.data_ptr())
         self.bias_ptr = None if bias is None else bias.data_ptr()
-        self.size = self.N * q.shape[1] * (8 // bits)              # weights
+        self.size = self.N * self.K                                # weights
+        self.max_rows = N16_MAX_ROWS if self.sb is not None else MAX_ROWS
 
     def run(self, lib: _Lib, x: torch.Tensor) -> torch.Tensor | None:
         """``x [rows, K] @ W^T (+ bias)`` through the kernel, or None when it does not take `x`
-        (more than MAX_ROWS rows, a dtype it does not read, autograd)."""
+        (more than `max_rows` rows, a dtype it does not read, autograd)."""
         K = x.shape[-1]
         rows = x.numel() // K if K else 0
-        if rows == 0 or rows > MAX_ROWS or x.dtype not in _KERNEL_DTYPES or x.requires_grad:
+        if rows == 0 or rows > self.max_rows or x.dtype not in _KERNEL_DTYPES or x.requires_grad:
             return None
         x2 = x.reshape(rows, K)
         if not x2.is_contiguous():
@@ -198,7 +220,8 @@ class _Weights:
         bf16 = 1 if x.dtype is torch.bfloat16 else 0
         q, d, m = self.ptrs
         rc = lib.qgemv(self.kind, x2.data_ptr(), bf16, rows, K, q, d, m, self.N, self.bias_ptr,
-                       y.data_ptr(), bf16, 1 if self.size < PARALLEL_MIN else torch.get_num_threads())
+                       y.data_ptr(), bf16, 1 if self.size * max(1, rows // MAX_ROWS) < PARALLEL_MIN
+                       else torch.get_num_threads())
         if rc != 0:
             raise RuntimeError(f"qgemv refused rows={rows} K={K}")
         return y
@@ -249,12 +272,14 @@ class QuantGroup:
         bias = None
         if any(w.bias is not None for w in ws):
             bias = torch.cat([w.bias if w.bias is not None else torch.zeros(w.N) for w in ws])
-        self.w = _Weights(ws[0].bits, q, d, m, bias, ws[0].act8)
+        sb = torch.cat([w.sb for w in ws]) if all(w.sb is not None for w in ws) else None
+        self.w = _Weights(ws[0].bits, q, d, m, bias, ws[0].act8, sb)
         at = 0
         for ql, w in zip(members, ws):                  # share the storage
             sl = slice(at, at + w.N)
             ql.w = _Weights(w.bits, q[sl], d[sl], None if m is None else m[sl],
-                            None if bias is None or w.bias is None else bias[sl], w.act8)
+                            None if bias is None or w.bias is None else bias[sl], w.act8,
+                            None if sb is None else sb[at // 16:(at + w.N) // 16])
             at += w.N
         self.lib = members[0].lib
 

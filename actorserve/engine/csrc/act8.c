@@ -28,7 +28,8 @@
 /* Quantize M rows of K float32 activations for a product of kind 4 or 8: `xq` [M, K] int8 (q4:
  * in the pair layout above; q8: in order), `xd` [M, G] the scales, `xdv` [M, G/2, 16] the
  * pair-spread scales (q4: lanes of 4 for g, g+1, g, g+1; q8: lanes of 8 for g, g+1) and, for
- * q8, `xinit` [M, G/2, 16] int32: -128 times each lane's four activations (q8a8 below). `xs`
+ * q8, `xinit` [M, G/2, 16] int32: -128 times each lane's four activations (q8a8 below); with
+ * `xdv` NULL neither (q4n16.c reads `xq` and `xd` alone). `xs`
  * [M, G] (the exact group sums) is filled by the caller. Round to nearest even (the default
  * rounding mode, in both paths). */
 static void quantize_act8(const float *restrict xf, int M, int K, int kind, int8_t *restrict xq,
@@ -59,7 +60,7 @@ static void quantize_act8(const float *restrict xf, int M, int K, int kind, int8
 #endif
             const float dx = amax / 127.f;
             xd[(size_t)r * G + g] = dx;
-            if (!paired) continue;
+            if (!paired || !xdv) continue;
             const size_t at = ((size_t)r * P + g / 2) * 16;
             if (kind == 8) {
                 for (int e = 0; e < 8; e++) {

@@ -264,6 +264,8 @@ static inline uint16_t float_to_bf16(float f) {      /* round to nearest even */
     return (uint16_t)(bits >> 16);
 }
 
+#include "q4n16.c"    /* q4 with 8-bit activations, 16 output rows a register */
+
 /* One product's output rows [n0, n1), the unit a thread takes. */
 typedef struct {
     int kind, M, K, N, G, y_bf16, n0, n1;
@@ -272,6 +274,7 @@ typedef struct {
     const int8_t *xq;               /* q4a8: the int8 activations (q4a8.c), or NULL */
     const float *xd, *xdv;          /* q4a8: their scales */
     const int32_t *xinit;           /* q8a8: the lanes' starting sums */
+    int n16;                        /* q4n16.c's layout: n0, n1 count blocks of 16 rows */
     const void *q;
     const uint16_t *d, *m;
     void *y;
@@ -282,6 +285,12 @@ static void run_rows(const job_t *j) {
     const float *xf = j->xf, *xs = j->xs;
     const uint16_t *d = j->d, *m = j->m;
     (void)xs;
+    if (j->n16) {
+        for (int nb = j->n0; nb < j->n1; nb++)
+            q4n16_block(j->xq, j->xd, xs, M, K, (const uint8_t *)j->q + (size_t)nb * G * N16_SB,
+                        j->bias, j->y, j->y_bf16, N, nb * 16);
+        return;
+    }
     for (int n = j->n0; n < j->n1; n++) {
         float res[MAXM];
         if (j->kind == 4 && j->xq) {
@@ -339,16 +348,19 @@ int qgemv_bf16_path(int on) {
  * Returns 0, or -1 for a shape it does not take (M outside 1..8, K not a multiple of 32) or
  * no memory. */
 #define QG_ACT8 16
+#define QG_N16 32       /* with QG_ACT8: q4 in q4n16.c's layout (q: the superblocks; d, m unused) */
+#define N16_MAXM 65536
 
 int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, const uint16_t *d,
           const uint16_t *m, int N, const float *bias, void *y, int y_bf16, int nthreads) {
-    const int act8 = (kind & QG_ACT8) != 0;
-    kind &= ~QG_ACT8;
-    if (M < 1 || M > MAXM || K % 32 || (kind != 4 && kind != 8)) return -1;
+    const int act8 = (kind & QG_ACT8) != 0, n16 = kind == (4 | QG_ACT8 | QG_N16);
+    kind &= ~(QG_ACT8 | QG_N16);
+    if (M < 1 || M > (n16 ? N16_MAXM : MAXM) || K % 32 || (kind != 4 && kind != 8) || (n16 && N % 16))
+        return -1;
     int G = K / 32;
     /* xf [M, K] and xs [M, G] float32; with act8 also xd [M, G], xdv [M, G/2, 16], xinit
      * [M, G/2, 16] (int32), xq [M, K] */
-    const size_t nf = (size_t)M * K + (size_t)M * G + (act8 ? (size_t)M * G + (size_t)M * (G / 2) * 32 : 0);
+    const size_t nf = (size_t)M * K + (size_t)M * G + (act8 ? (size_t)M * G + (n16 ? 0 : (size_t)M * (G / 2) * 32) : 0);
     float *xf = malloc(sizeof(float) * nf + (act8 ? (size_t)M * K : 0));
     if (!xf) return -1;
     float *xs = xf + (size_t)M * K;
@@ -368,10 +380,12 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         xdv = xd + (size_t)M * G;
         xinit = (int32_t *)(xdv + (size_t)M * (G / 2) * 16);
         xq = (int8_t *)(xf + nf);
-        quantize_act8(xf, M, K, kind, xq, xd, xdv, xinit);
+        if (n16) xdv = NULL, xinit = NULL;      /* in order, and no pair-spread scales */
+        quantize_act8(xf, M, K, n16 ? 8 : kind, xq, xd, xdv, xinit);
         xb = NULL;
     }
-    job_t job = {kind, M, K, N, G, y_bf16, 0, N, xf, xs, bias, xb, xq, xd, xdv, xinit, q, d, m, y};
+    job_t job = {kind, M, K, N, G, y_bf16, 0, n16 ? N / 16 : N, xf, xs, bias, xb, xq, xd, xdv, xinit, n16, q, d, m, y};
+    const int units = job.n1;                   /* output rows, or blocks of 16 of them */
     int pooled = 0;
     if (N >= 64 && atomic_load_explicit(&pool.active, memory_order_relaxed)
             && !atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire)) {
@@ -383,7 +397,7 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         pool.job = job;
         atomic_store_explicit(&pool.remaining, pool.workers, memory_order_relaxed);
         atomic_fetch_add_explicit(&pool.posted, 1, memory_order_release);
-        job.n1 = N / parts;                                     /* the caller's share: the first */
+        job.n1 = units / parts;                                 /* the caller's share: the first */
         run_rows(&job);
         /* the worker's share: spin for it, yielding now and then (a worker that lost its core
          * to another thread would otherwise have this one spin for a whole time slice) */
@@ -393,12 +407,12 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         }
         atomic_flag_clear_explicit(&pool.busy, memory_order_release);
     } else if (nthreads > 1) {
-        const int chunk = (N + nthreads - 1) / nthreads;
+        const int chunk = (units + nthreads - 1) / nthreads;
         #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int t = 0; t < nthreads; t++) {
             job_t mine = job;
             mine.n0 = t * chunk;
-            mine.n1 = mine.n0 + chunk < N ? mine.n0 + chunk : N;
+            mine.n1 = mine.n0 + chunk < units ? mine.n0 + chunk : units;
             if (mine.n0 < mine.n1) run_rows(&mine);
         }
     } else {
