@@ -74,6 +74,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--configs", default="fp32,bf16,q4_fp32,q4_bf16,q4a8_bf16",
                    help="which engines (fp32 is the reference of the ratios; leave it in for them)")
+    p.add_argument("--prefill", type=int, default=512, help="also a prefill of this many tokens (0: none)")
     p.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True,
                    help="also each q4 engine without its fused step, glue and step pool")
     p.add_argument("--json", action="store_true")
@@ -96,6 +97,11 @@ def main() -> None:
             decode(engine, prompt, b, 4)
             fig[f"B{b}_ms"] = round(min(decode(engine, prompt, b, args.decode)[0] for _ in range(args.repeats)), 2)
         tokens[name] = decode(engine, prompt, 1, args.decode)[1]
+        if args.prefill:             # one prompt of --prefill tokens, tokens / s (q4a8: its kernel too)
+            from engine import prompts_of, runner_prefill
+            long = prompts_of(tok, 1, args.prefill)[0]
+            fig[f"prefill_{args.prefill}_tok_s"] = round(args.prefill / min(runner_prefill(engine, long)
+                                                                            for _ in range(args.repeats)), 1)
         if q != "none" and args.variants:     # the same engine with its decode-step machinery taken away
             saved = {a: getattr(engine, a) for a in ("fused", "glue", "step_pool")}
             for vname, off in VARIANTS:
@@ -122,6 +128,10 @@ def main() -> None:
         if "fp32" in result and name != "fp32":
             result[name]["speedup_vs_fp32"] = {f"B{b}": round(result["fp32"][f"B{b}_ms"] / result[name][f"B{b}_ms"], 2)
                                                for b in batches}
+    if args.prefill and "fp32" in result:
+        key = f"prefill_{args.prefill}_tok_s"
+        result[f"prefill_{args.prefill}_vs_fp32"] = {n: round(result[n][key] / result["fp32"][key], 2)
+                                                    for n, *_ in configs if n != "fp32"}
     if "q4_fp32" in tokens and "fp32" in tokens:
         result["greedy_same_q4_fp32_vs_fp32"] = tokens["q4_fp32"] == tokens["fp32"]
     if "q4a8_bf16" in tokens and "q4_bf16" in tokens:   # 8-bit activations: how far the tokens follow

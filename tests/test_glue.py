@@ -115,10 +115,11 @@ def test_a_q4_engine_decodes_the_same_with_and_without_the_glue(arch):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_fused_step_decodes_as_the_glued_one(arch, dtype):
+@pytest.mark.parametrize("mode", ["q4", "q4a8"])
+def test_the_fused_step_decodes_as_the_glued_one(arch, dtype, mode):
     """`fused_step`: every layer of a decode step in one C call, for the Llama-shaped
     families (Llama, Qwen2 with its q/k/v biases); Qwen3 (per-head norms) and Phi-3 (one
-    q/k/v weight) keep the glued path."""
+    q/k/v weight) keep the glued path. Both quantized modes (q4a8: 8-bit activations)."""
     import transformers as tr
     from test_model_families import COMMON, PROMPTS, _build, make
 
@@ -131,7 +132,7 @@ def test_the_fused_step_decodes_as_the_glued_one(arch, dtype):
     else:
         model = _build(arch)
     model = model.to(dtype)
-    model.actorserve_quant = quant.quantize_model(model, "q4")
+    model.actorserve_quant = quant.quantize_model(model, mode)
     runs = []
     for fused in (True, False):
         d, rec = make(model)
@@ -149,8 +150,19 @@ def test_the_fused_step_decodes_as_the_glued_one(arch, dtype):
     (tokens, logits), (ref_tokens, ref_logits) = runs
     assert tokens == ref_tokens
     tol = 1e-4 if dtype == torch.float32 else 5e-2
+    off = []
     for rid, steps in logits.items():
-        torch.testing.assert_close(torch.stack(steps), torch.stack(ref_logits[rid]), atol=tol, rtol=tol)
+        got, want = torch.stack(steps), torch.stack(ref_logits[rid])
+        if mode == "q4a8":
+            # the two paths' floats differ by an ulp here and there (C's expf in the SiLU), and
+            # rounding an activation to 8 bits can turn an ulp into a step of 1/254 of its
+            # group's range: most steps' logits agree as closely as q4's, a few by more
+            diff = (got.float() - want.float()).abs().amax(dim=-1)
+            assert diff.max() < 0.5, (rid, diff)
+            off += (diff > tol).tolist()
+        else:
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    assert sum(off) <= len(off) // 4, off
 
 
 def test_long_contexts_pause_the_step_pool_around_attention_and_decode_the_same():
