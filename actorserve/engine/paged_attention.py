@@ -100,6 +100,7 @@ class Chunk:
     n: int
     blocks: torch.Tensor         # block ids covering its whole context (int32)
     mask: torch.Tensor           # [group * n, len(blocks) * bs] bool, True = attend
+    start: int = -1              # its first token's position (0: a prompt with nothing cached)
 
 
 @dataclass(slots=True)
@@ -176,7 +177,7 @@ def plan_step(batch: list[tuple[Sequence, int]], tables: BlockTables, group: int
             mask = torch.arange(nb * bs)[None, :] <= q_pos[:, None]          # [n, L] causal
             if group > 1:
                 mask = mask.repeat(group, 1)                                # [group * n, L]
-            chunks.append(Chunk(row, n, tables.table[trow, :nb], mask))
+            chunks.append(Chunk(row, n, tables.table[trow, :nb], mask, start))
         last_rows.append(row + n - 1)
 
     positions = torch.tensor(pos, dtype=torch.long)
@@ -269,6 +270,14 @@ def paged_attention(q: torch.Tensor, kv: PagedKV, layer: int, plan: StepPlan, ou
         else:
             out.index_copy_(0, g.rows, o)
     for c in plan.chunks:
+        if c.start == 0 and softcap is None:        # a prompt from position 0: causal, no mask
+            k, v = kv.gather(layer, c.blocks, "c")  # (its padding lies past every query)
+            k = k.view(1, -1, nkv, d).transpose(1, 2)
+            v = v.view(1, -1, nkv, d).transpose(1, 2)
+            qh = q[c.row:c.row + c.n].transpose(0, 1).unsqueeze(0)             # [1, nh, n, d]
+            o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=group > 1)
+            out[c.row:c.row + c.n].view(c.n, nh, d).copy_(o[0].transpose(0, 1))
+            continue
         qc = q[c.row:c.row + c.n].view(c.n, nkv, group, d).permute(1, 2, 0, 3)
         qc = qc.reshape(1, nkv, group * c.n, d)
         k, v = kv.gather(layer, c.blocks, "c")
