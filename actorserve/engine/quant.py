@@ -132,6 +132,7 @@ class _Lib:
         self.bf16_path = lib.qgemv_bf16_path
         self.bf16_path.argtypes = [i]
         self.bf16_path.restype = ctypes.c_int
+        self.act8_simd = bool(lib.qgemv_act8_simd())
         self.qpool_active = lib.qpool_active
         self.qpool_active.argtypes = [i, i]
         self.qpool_active.restype = ctypes.c_int
@@ -204,7 +205,9 @@ class _Weights:
         self.ptrs = ((q if self.sb is None else self.sb).data_ptr(), d.data_ptr(), None if m is None else m.data_ptr())
         self.bias_ptr = None if bias is None else bias.data_ptr()
         self.size = self.N * self.K                                # weights
-        self.max_rows = N16_MAX_ROWS if self.sb is not None else MAX_ROWS
+        self.max_rows = MAX_ROWS
+        if self.sb is not None and _act8_simd():     # the portable loops are too slow for prefill
+            self.max_rows = N16_MAX_ROWS
 
     def run(self, lib: _Lib, x: torch.Tensor) -> torch.Tensor | None:
         """``x [rows, K] @ W^T (+ bias)`` through the kernel, or None when it does not take `x`
@@ -307,6 +310,14 @@ GATE_UP_GROUP = "_actorserve_gate_up"   # on an MLP with gate_proj and up_proj
 
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+_SIMD: list[bool] = []
+
+
+def _act8_simd() -> bool:
+    """Whether this machine's kernels multiply 8-bit activations with avx512_vnni."""
+    if not _SIMD:
+        _SIMD.append(_Lib().act8_simd)
+    return _SIMD[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +369,9 @@ def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
             group = QuantGroup.of([mod.gate_proj, mod.up_proj])
             if group is not None:
                 setattr(mod, GATE_UP_GROUP, group)
+    if mode == "q4a8" and not lib.act8_simd:
+        log.warning("q4a8: this CPU has no avx512_vnni, so its products run as portable C loops "
+                    "(slower than q4; prefill keeps the dense weights)")
     report = QuantReport(mode, layers, skipped, qbytes, dbytes, err)
     log.info("quantization %s", report.describe())
     return report

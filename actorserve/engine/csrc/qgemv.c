@@ -328,6 +328,16 @@ static int bf16_path = 1;
 static const int bf16_path = 0;
 #endif
 
+/* Whether the 8-bit-activation kernels are the vectorised ones (avx512_vnni), not the
+ * portable C loops. */
+int qgemv_act8_simd(void) {
+#ifdef HAVE_Q4N16_SIMD
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* Whether q4 products of bfloat16 activations take the vdpbf16ps path: on = 0 or 1 sets it
  * (where the CPU has it), -1 only asks. Returns the setting, or -1 where the path is not built. */
 int qgemv_bf16_path(int on) {
