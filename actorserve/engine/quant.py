@@ -232,7 +232,8 @@ class _Weights:
 
 class QuantLinear:
     """Replaces one ``nn.Linear``'s forward: at most `MAX_ROWS` rows go through the quantized
-    kernel, more through the dense weight the module keeps."""
+    kernel (any number for q4a8's superblocks, `_Weights.max_rows`), more through the dense
+    weight the module keeps."""
 
     def __init__(self, module: torch.nn.Linear, kind: str, lib: _Lib, act8: bool = False) -> None:
         self.module, self.kind, self.lib = module, kind, lib
