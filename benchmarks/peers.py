@@ -6,7 +6,8 @@ the same streaming ``/v1/chat/completions`` bodies (greedy, ``temperature 0``, `
 64, ``stream_options.include_usage``; no vendor extras such as ``ignore_eos`` or
 ``cache_prompt``, so all read the same request) at each ``--levels`` entry
 ``concurrency:requests`` (default ``1:8,32:64``), ``--passes`` times (default 1; the pass
-with the median tok/s stands for the level, the others' figures in ``passes_*``). Measured
+with the median tok/s stands for the level, the others' figures in ``passes_*``; each pass
+asks other prompts, so no server answers a repeat from its prompt cache). Measured
 client-side: output tokens/s over the
 level's wall time (tokens from ``usage``, else the count of content chunks), time to first
 content chunk p50/p95, and the prompt tokens the server says it took from its prompt cache
@@ -127,11 +128,13 @@ async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any
     async with aiohttp.ClientSession(connector=conn) as http:
         await one_request(http, url, model, 10_000, args.max_tokens, args.request_timeout)  # warm-up
         for concurrency, requests in args.levels:
-            passes = [await one_level(http, url, model, args, concurrency, requests)
-                      for _ in range(max(1, args.passes))]
-            # the pass with the median throughput stands for the level (an odd count picks one)
+            # each pass asks new prompts (requests first.., not a repeat a prompt cache would
+            # answer whole); the pass with the median throughput stands for the level
+            passes = [await one_level(http, url, model, args, concurrency, requests, first=p * 1000)
+                      for p in range(max(1, args.passes))]
             ranked = sorted(passes, key=lambda r: r["tokens_per_s"] or 0.0)
             level = dict(ranked[(len(ranked) - 1) // 2])
+            level["_texts"] = passes[0]["_texts"]      # the greedy texts compared: the first pass's
             if len(passes) > 1:
                 level["passes_tokens_per_s"] = [r["tokens_per_s"] for r in passes]
                 level["passes_ttft_p95_ms"] = [r["ttft_p95_ms"] for r in passes]
@@ -140,8 +143,9 @@ async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any
 
 
 async def one_level(http: aiohttp.ClientSession, url: str, model: str, args: argparse.Namespace,
-                    concurrency: int, requests: int) -> dict[str, Any]:
-    """One pass of a level: `requests` requests, at most `concurrency` at a time."""
+                    concurrency: int, requests: int, first: int = 0) -> dict[str, Any]:
+    """One pass of a level: requests ``first .. first + requests - 1``, at most `concurrency` at
+    a time."""
     sem = asyncio.Semaphore(concurrency)
 
     async def bounded(i: int) -> dict[str, Any]:
@@ -149,7 +153,7 @@ async def one_level(http: aiohttp.ClientSession, url: str, model: str, args: arg
             return await one_request(http, url, model, i, args.max_tokens, args.request_timeout)
 
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(bounded(i) for i in range(requests)), return_exceptions=True)
+    results = await asyncio.gather(*(bounded(first + i) for i in range(requests)), return_exceptions=True)
     wall = time.perf_counter() - t0
     ok = [r for r in results if isinstance(r, dict)]
     errors = [repr(r)[:200] for r in results if not isinstance(r, dict)]
