@@ -271,8 +271,8 @@ typedef struct {
     int kind, M, K, N, G, y_bf16, n0, n1;
     const float *xf, *xs, *bias;
     const uint16_t *xb;             /* the bfloat16 input as given, or NULL */
-    const int8_t *xq;               /* q4a8: the int8 activations (q4a8.c), or NULL */
-    const float *xd, *xdv;          /* q4a8: their scales */
+    const int8_t *xq;               /* act8: the int8 activations (act8.c), or NULL */
+    const float *xd, *xdv;          /* act8: their scales */
     const int32_t *xinit;           /* q8a8: the lanes' starting sums */
     int n16;                        /* q4n16.c's layout: n0, n1 count blocks of 16 rows */
     const void *q;
