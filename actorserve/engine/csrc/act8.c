@@ -183,6 +183,15 @@ static inline __attribute__((always_inline)) void q8a8_row(
     for (int r = 0; r < M; r++) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])) + tail[r];
 }
 #else
+/* sum(q qx) of one q4 group: low nibbles by `lo`, high ones by `hi` (out of the vectorizer,
+ * as q8a8_group). */
+static __attribute__((noinline, optimize("no-tree-vectorize"))) int32_t q4a8_group(
+        const uint8_t *q, const int8_t *lo, const int8_t *hi) {
+    int32_t s = 0;
+    for (int e = 0; e < 16; e++) s += (int32_t)(q[e] & 0xf) * lo[e] + (int32_t)(q[e] >> 4) * hi[e];
+    return s;
+}
+
 /* Portable: the same integer sums, one group at a time. */
 static inline __attribute__((always_inline)) void q4a8_row(
         const int8_t *restrict xq, const float *restrict xd, const float *restrict xdv,
@@ -198,9 +207,7 @@ static inline __attribute__((always_inline)) void q4a8_row(
         const int lo_at = paired ? (g & 1) * 16 : 0, hi_at = paired ? 32 + (g & 1) * 16 : 16;
         for (int r = 0; r < M; r++) {
             const int8_t *xr = xq + (size_t)r * K + (size_t)(g & ~1) * 32;
-            int32_t s = 0;
-            for (int e = 0; e < 16; e++)
-                s += (int32_t)(qb[e] & 0xf) * xr[lo_at + e] + (int32_t)(qb[e] >> 4) * xr[hi_at + e];
+            const int32_t s = q4a8_group(qb, xr + lo_at, xr + hi_at);
             res[r] += dw * xd[(size_t)r * G + g] * (float)s + mw * xs[(size_t)r * G + g];
         }
     }
