@@ -99,8 +99,18 @@ class Chunk:
     row: int
     n: int
     blocks: torch.Tensor         # block ids covering its whole context (int32)
-    mask: torch.Tensor           # [group * n, len(blocks) * bs] bool, True = attend
-    start: int = -1              # its first token's position (0: a prompt with nothing cached)
+    start: int                   # its first token's position (0: a prompt with nothing cached)
+    group: int = 1               # query heads per KV head
+    _mask: torch.Tensor | None = None
+
+    def mask(self, bs: int) -> torch.Tensor:
+        """``[group * n, len(blocks) * bs]`` bool, True = attend (causal from `start`); built on
+        the first layer that needs it (a prompt from position 0 without soft-capping never does)."""
+        if self._mask is None:
+            q_pos = torch.arange(self.start, self.start + self.n)
+            m = torch.arange(self.blocks.numel() * bs)[None, :] <= q_pos[:, None]
+            self._mask = m.repeat(self.group, 1) if self.group > 1 else m
+        return self._mask
 
 
 @dataclass(slots=True)
@@ -173,11 +183,7 @@ def plan_step(batch: list[tuple[Sequence, int]], tables: BlockTables, group: int
         else:
             pos.extend(range(start, end))
             nb = -(-end // bs)
-            q_pos = torch.arange(start, end)
-            mask = torch.arange(nb * bs)[None, :] <= q_pos[:, None]          # [n, L] causal
-            if group > 1:
-                mask = mask.repeat(group, 1)                                # [group * n, L]
-            chunks.append(Chunk(row, n, tables.table[trow, :nb], mask, start))
+            chunks.append(Chunk(row, n, tables.table[trow, :nb], start, group))
         last_rows.append(row + n - 1)
 
     positions = torch.tensor(pos, dtype=torch.long)
@@ -283,6 +289,6 @@ def paged_attention(q: torch.Tensor, kv: PagedKV, layer: int, plan: StepPlan, ou
         k, v = kv.gather(layer, c.blocks, "c")
         k = k.view(1, -1, nkv, d).transpose(1, 2)
         v = v.view(1, -1, nkv, d).transpose(1, 2)
-        o = _attend(qc, k, v, c.mask, scale, softcap)
+        o = _attend(qc, k, v, c.mask(kv.block_size), scale, softcap)
         o = o.view(nkv, group, c.n, d).permute(2, 0, 1, 3)                  # [n, nkv, group, d]
         out[c.row:c.row + c.n].view(c.n, nkv, group, d).copy_(o)
