@@ -34,6 +34,7 @@ from actorserve.engine import quant  # noqa: E402
 from actorserve.engine.params import SamplingParams  # noqa: E402
 from actorserve.engine.runner import build_engine  # noqa: E402
 from actorserve.engine.sequence import Sequence  # noqa: E402
+from engine import prompts_of, runner_prefill  # noqa: E402  (benchmarks/engine.py)
 
 
 def decode(engine: Any, prompt: list[int], b: int, n: int) -> tuple[float, list[int]]:
@@ -98,7 +99,6 @@ def main() -> None:
             fig[f"B{b}_ms"] = round(min(decode(engine, prompt, b, args.decode)[0] for _ in range(args.repeats)), 2)
         tokens[name] = decode(engine, prompt, 1, args.decode)[1]
         if args.prefill:             # one prompt of --prefill tokens, tokens / s (q4a8: its kernel too)
-            from engine import prompts_of, runner_prefill
             long = prompts_of(tok, 1, args.prefill)[0]
             fig[f"prefill_{args.prefill}_tok_s"] = round(args.prefill / min(runner_prefill(engine, long)
                                                                             for _ in range(args.repeats)), 1)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -311,14 +312,12 @@ GATE_UP_GROUP = "_actorserve_gate_up"   # on an MLP with gate_proj and up_proj
 
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)
-_SIMD: list[bool] = []
 
 
+@functools.cache
 def _act8_simd() -> bool:
     """Whether this machine's kernels multiply 8-bit activations with avx512_vnni."""
-    if not _SIMD:
-        _SIMD.append(_Lib().act8_simd)
-    return _SIMD[0]
+    return _Lib().act8_simd
 
 
 @dataclass(frozen=True, slots=True)

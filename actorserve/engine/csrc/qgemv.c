@@ -284,7 +284,6 @@ static void run_rows(const job_t *j) {
     const int M = j->M, K = j->K, N = j->N, G = j->G;
     const float *xf = j->xf, *xs = j->xs;
     const uint16_t *d = j->d, *m = j->m;
-    (void)xs;
     if (j->n16) {
         for (int nb = j->n0; nb < j->n1; nb++)
             q4n16_block(j->xq, j->xd, xs, M, K, (const uint8_t *)j->q + (size_t)nb * G * N16_SB,
@@ -352,11 +351,13 @@ int qgemv_bf16_path(int on) {
 
 /* y[M, N] = x[M, K] @ W^T (+ bias): `kind` 4 (q4: q packed nibbles, d and m) or 8 (q8: q int8,
  * d; m unused), either with the flag QG_ACT8 (16) multiplying 8-bit activations (act8.c;
- * for q8 the weights are then stored offset, q + 128 as uint8); x and y float32 or bfloat16 (the flags), bias float32 or NULL. x is widened
- * once to float32 (with q4's per-group sums) before the rows are spread over the threads: the
- * step pool's while it is active, else `nthreads` OpenMP threads.
- * Returns 0, or -1 for a shape it does not take (M outside 1..8, K not a multiple of 32) or
- * no memory. */
+ * for q8 the weights are then stored offset, q + 128 as uint8), q4 with QG_ACT8 | QG_N16 (48)
+ * in q4n16.c's superblocks; x and y float32 or bfloat16 (the flags), bias float32 or NULL.
+ * x is widened once to float32 (with the per-group sums) before the rows are spread over the
+ * threads: the step pool's while it is active, else `nthreads` OpenMP threads.
+ * Returns 0, or -1 for a shape it does not take (M outside 1..8, or 1..N16_MAXM for the
+ * superblocks; K not a multiple of 32; N not a multiple of 16 for the superblocks) or no
+ * memory. */
 #define QG_ACT8 16
 #define QG_N16 32       /* with QG_ACT8: q4 in q4n16.c's layout (q: the superblocks; d, m unused) */
 #define N16_MAXM 65536
