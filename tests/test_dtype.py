@@ -44,8 +44,31 @@ def greedy(engine, ids: list[int], n: int) -> list[int]:
     return out
 
 
+def forced_logits(engine, ids: list[int], tokens: list[int]) -> list[torch.Tensor]:
+    """The logits of each step of decoding `tokens` after `ids` (teacher-forced: the engine's
+    sampler is replaced by one that records the row and answers the given token)."""
+    rows: list[torch.Tensor] = []
+    feed = iter(tokens)
+
+    def record(logits, seqs):
+        rows.append(logits[0].clone())
+        return [(next(feed), None, None)]
+
+    keep, engine._sampler = engine._sampler, record
+    try:
+        greedy(engine, ids, len(tokens))
+    finally:
+        engine._sampler = keep
+    return rows
+
+
 @pytest.mark.model
 def test_bf16_greedy_agrees_with_fp32_and_the_sampler_sees_fp32():
+    """bf16 may flip a token only where fp32 itself was a close call: along fp32's greedy
+    continuation (both engines fed the same tokens), every step where fp32's top-2 margin
+    exceeds twice the largest logit difference bf16 makes there must pick the same token. The
+    difference is measured, so the check holds for whatever matrix unit rounds the products
+    (AMX tiles, avx512_bf16, or bf16 emulated on AVX2)."""
     from actorserve.engine.models import load_model
     from actorserve.engine.runner import build_engine
     from actorserve.engine.sampling import sample
@@ -56,20 +79,27 @@ def test_bf16_greedy_agrees_with_fp32_and_the_sampler_sees_fp32():
         seen.append(logits.dtype)
         return sample(logits, seqs)
 
-    model, tok, _ = load_model("default", threads=2)
+    model, tok, _ = load_model("default", threads=2, quantization="none")
     fp32 = build_engine(model, num_blocks=64, block_size=16)
     prompts = [tok.encode(p) for p in PROMPTS]
     ref = [greedy(fp32, p, 16) for p in prompts]
-    model_bf16, _, _ = load_model("default", threads=2, dtype=torch.bfloat16)
+    model_bf16, _, _ = load_model("default", threads=2, dtype=torch.bfloat16, quantization="none")
     bf16 = build_engine(model_bf16, num_blocks=64, block_size=16, sampler=spy)
     assert bf16.kv.dtype is torch.bfloat16 and bf16.info.dtype == "bfloat16" and fp32.info.dtype == "float32"
-    got = [greedy(bf16, p, 16) for p in prompts]
+    greedy(bf16, prompts[0], 2)
     assert set(seen) == {torch.float32}
-    # agreement: the shared prefix of each continuation, over all tokens
-    agree = sum(next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), len(r)) for r, g in zip(ref, got))
-    first = sum(r[0] == g[0] for r, g in zip(ref, got))
-    assert first == len(PROMPTS), (ref, got)            # the first token never flips on these
-    assert agree / (16 * len(PROMPTS)) >= 0.6, (agree, ref, got)
+    decided = agreed = steps = 0
+    for ids, tokens in zip(prompts, ref):
+        for a, b in zip(forced_logits(fp32, ids, tokens), forced_logits(bf16, ids, tokens)):
+            steps += 1
+            err = float((a - b).abs().max())
+            assert err < 0.1 * float(a.max() - a.min()), err    # bf16 is close, whatever rounds it
+            top2 = a.topk(2).values
+            if float(top2[0] - top2[1]) > 2 * err:            # not a close call: it cannot flip
+                decided += 1
+                agreed += int(a.argmax() == b.argmax())
+    assert agreed == decided, (agreed, decided)
+    assert decided >= steps // 4, (decided, steps)             # the check is not vacuous
 
 
 @pytest.mark.model
