@@ -22,7 +22,7 @@ class ModelConfig:
     block_size: int = 16
     dtype: str = "auto"                 # auto | float32 | bfloat16 (engine.dtype): weights and KV cache
     decode_attention: str = "auto"      # auto | inplace | gather (engine.decode_kernel)
-    quantization: str = "none"          # none | q4 | q4a8 (engine.quant): quantized decode steps
+    quantization: str = "auto"          # auto | none | q4 | q4a8 (engine.quant): quantized decode steps
 
 
 @dataclass(frozen=True, slots=True)

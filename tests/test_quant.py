@@ -57,17 +57,58 @@ def test_kernel_equals_the_dense_product_of_the_dequantized_weights(kind, dtype)
     deq = quant.dequantize_q4(ql.w.q, ql.w.d, ql.w.m) if kind == "q4" else quant.dequantize_q8(ql.w.q, ql.w.d)
     assert ql.err == (deq - lin.weight).abs().max().item() > 0         # random weights: lossy
     lin.to(dtype)
-    for rows in range(1, quant.MAX_ROWS + 1):
+    ql.w.max_rows = 40          # every width through the kernel: 8 rows a pass, any remainder
+    for rows in [*range(1, 2 * quant.MAX_ROWS + 2), 29, 40]:
         x = torch.randn(rows, 160, generator=gen).to(dtype)
         want = F.linear(x.float(), deq, lin.bias.float())
         got = ql(x)
         assert got.dtype == dtype and got.shape == (rows, 72)
         tol = 1e-4 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.float(), want.to(dtype).float(), atol=tol, rtol=tol)
+        if rows > quant.MAX_ROWS:   # a wide step's rows are the narrow kernel's, bit for bit
+            assert torch.equal(got[:quant.MAX_ROWS], ql(x[:quant.MAX_ROWS])) or dtype == torch.bfloat16
     x3 = torch.randn(2, 3, 160, generator=gen).to(dtype)               # leading dims kept
     assert ql(x3).shape == (2, 3, 72)
-    wide = torch.randn(quant.MAX_ROWS + 1, 160, generator=gen).to(dtype)  # wider: the dense weight
+    ql.w.max_rows = quant.KERNEL_ROWS
+    wide = torch.randn(quant.KERNEL_ROWS + 1, 160, generator=gen).to(dtype)  # wider: the dense weight
     torch.testing.assert_close(ql(wide), F.linear(wide, lin.weight, lin.bias))
+
+
+def test_the_kernels_widest_step_follows_the_cpus_matrix_unit():
+    assert quant._kernel_rows(("amx_bf16", "avx512_bf16")) == quant.MAX_ROWS   # AMX: dense sooner
+    assert quant._kernel_rows(("avx512_bf16",)) == 12
+    assert quant._kernel_rows(()) == 16                # dense is float32 there: twice the bytes
+    assert quant.KERNEL_ROWS == quant._kernel_rows() >= quant.MAX_ROWS
+
+
+def _exact_and_lossy() -> torch.nn.Module:
+    """A module with one linear whose weights are exact 4-bit blocks and one that is not."""
+    torch.manual_seed(4)
+    mod = torch.nn.Module()
+    mod.exact, mod.lossy = torch.nn.Linear(64, 48), torch.nn.Linear(64, 48)
+    with torch.no_grad():
+        q, d, m = quant.quantize_q4(mod.exact.weight)
+        mod.exact.weight.copy_(quant.dequantize_q4(q, d, m))
+    return mod
+
+
+def test_auto_quantizes_only_the_linears_whose_blocks_are_exact():
+    mod = _exact_and_lossy()
+    rep = quant.quantize_model(mod, "auto")
+    assert rep.asked == "auto" and rep.mode == "q4" and rep.layers == 1 and rep.skipped == 1
+    assert rep.max_rel_err <= quant.EXACT_TOL
+    assert isinstance(mod.exact.forward, quant.QuantLinear)
+    assert "forward" not in vars(mod.lossy)                  # untouched: the class's own forward
+    assert rep.describe().startswith("auto -> q4: 1 linears")
+    paths = quant.phase_paths(rep, torch.bfloat16, "asked for")
+    assert paths[f"decode <= {quant.MAX_ROWS} rows"].startswith("q4/q8 C kernels")
+    assert "dense bfloat16" in paths["prefill"]
+    lossy_only = torch.nn.Module()
+    lossy_only.lin = _exact_and_lossy().lossy
+    assert quant.quantize_model(lossy_only, "auto") is None          # nothing exact: all dense
+    assert "not exact" in quant.phase_paths(None, torch.float32, "asked for", "auto")["decode"]
+    rep = quant.quantize_model(_exact_and_lossy(), "q4")               # q4 takes both, lossy or not
+    assert rep.layers == 2 and rep.max_rel_err > 1e-3
 
 
 def _linear(kind: str, n: int, k: int, seed: int) -> quant.QuantLinear:
@@ -146,7 +187,8 @@ def test_bf16_activations_take_the_dot_product_path_and_agree_with_the_float_pat
     if lib.bf16_path(-1) < 0:
         pytest.skip("this CPU has no avx512_bf16: only the float path is built")
     deq = quant.dequantize_q4(ql.w.q, ql.w.d, ql.w.m)
-    for rows in range(1, quant.MAX_ROWS + 1):
+    ql.w.max_rows = 24         # wide steps too: 4 rows a pass on this path
+    for rows in [*range(1, quant.MAX_ROWS + 1), 9, 13, 24]:
         x = (torch.randn(rows, 320) * 2).bfloat16()
         want = F.linear(x.float(), deq, ql.module.bias.float())
         try:
@@ -200,7 +242,7 @@ def test_grouped_projections_are_one_call_equal_to_their_members(dtype):
             assert torch.equal(got, want)
         g, u = gate_up(x)
         assert torch.equal(g, mod.gate_proj(x)) and torch.equal(u, mod.up_proj(x))
-    wide = torch.randn(quant.MAX_ROWS + 1, 96).to(dtype)             # wider: each dense weight
+    wide = torch.randn(quant.KERNEL_ROWS + 1, 96).to(dtype)          # wider: each dense weight
     for got, lin in zip(qkv(wide), (mod.q_proj, mod.k_proj, mod.v_proj)):
         torch.testing.assert_close(got, F.linear(wide, lin.weight, lin.bias))
     assert not hasattr(torch.nn.Linear(32, 4), quant.QKV_GROUP)

@@ -58,11 +58,13 @@ from . import cbuild
 
 log = logging.getLogger(__name__)
 
-MAX_ROWS = 8            # csrc/qgemv.c's MAXM: wider steps use the dense weight
+MAX_ROWS = 8            # csrc/qgemv.c's MAXM: the fused step, glue and step pool take up to this
 # the library with the kernels: csrc/decode_step.c, which includes qgemv.c and glue.c (one
 # library, so the kernels, the glue and the fused step share one step pool)
 LIBRARY = "decode_step"
-MODES = ("none", "q4", "q4a8")
+MODES = ("auto", "none", "q4", "q4a8")
+EXACT_TOL = 1e-5        # auto: a linear is "exact" when its re-quantized weights are within this
+                        # fraction of its largest weight (4-bit rounding is ~3e-2; GGUF's own ~1e-7)
 ACT8 = 16               # csrc/qgemv.c's QG_ACT8: a product of 8-bit activations (act8.c)
 N16 = 32                # csrc/qgemv.c's QG_N16: with ACT8, q4 in q4n16.c's superblocks
 N16_MAX_ROWS = 65536    # its N16_MAXM: the superblock kernel takes prefill too
@@ -84,6 +86,30 @@ def _parallel_min() -> int:
 
 PARALLEL_MIN = _parallel_min()
 GROUP = 32
+
+
+def _kernel_rows(flags: tuple[str, ...] | None = None) -> int:
+    """The widest step whose q4/q8 products take the C kernels (float activations; the kernel
+    runs `MAX_ROWS` rows a pass over each output row, so the weights are read once a step).
+    Beyond it the dense weight in the model's dtype is faster: the kernel's per-row cost is
+    its float32 arithmetic, the matrix units' is not. Measured on the 2-core AMD EPYC
+    (avx512_bf16, no AMX; SmolLM2 decode step, benchmarks/quant_decode.py --batches): q4 vs
+    dense bf16 8 rows 27 vs 63 ms, 10 rows 55 vs 68, 12 rows 60 vs 71, 14 rows 75 vs 64,
+    32 rows 183 vs 76; hence 12. Where AMX tiles do the dense products the crossover comes
+    sooner (8); without native bf16 the dense path is float32, twice the bytes, so later (16).
+    ``ACTORSERVE_Q4_ROWS`` overrides it (benchmarks)."""
+    env = os.environ.get("ACTORSERVE_Q4_ROWS")
+    if env:
+        return max(1, int(env))
+    if flags is None:
+        from .dtype import cpu_bf16_flags
+        flags = cpu_bf16_flags()
+    if "amx_bf16" in flags:
+        return MAX_ROWS
+    return 12 if "avx512_bf16" in flags else 16
+
+
+KERNEL_ROWS = _kernel_rows()
 
 
 def quantize_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -206,7 +232,7 @@ class _Weights:
         self.ptrs = ((q if self.sb is None else self.sb).data_ptr(), d.data_ptr(), None if m is None else m.data_ptr())
         self.bias_ptr = None if bias is None else bias.data_ptr()
         self.size = self.N * self.K                                # weights
-        self.max_rows = MAX_ROWS
+        self.max_rows = MAX_ROWS if act8 else KERNEL_ROWS
         if self.sb is not None and _act8_simd():     # the portable loops are too slow for prefill
             self.max_rows = N16_MAX_ROWS
 
@@ -232,9 +258,9 @@ class _Weights:
 
 
 class QuantLinear:
-    """Replaces one ``nn.Linear``'s forward: at most `MAX_ROWS` rows go through the quantized
-    kernel (any number for q4a8's superblocks, `_Weights.max_rows`), more through the dense
-    weight the module keeps."""
+    """Replaces one ``nn.Linear``'s forward: at most `KERNEL_ROWS` rows go through the quantized
+    kernel (`MAX_ROWS` with 8-bit activations, any number for q4a8's superblocks:
+    `_Weights.max_rows`), more through the dense weight the module keeps."""
 
     def __init__(self, module: torch.nn.Linear, kind: str, lib: _Lib, act8: bool = False) -> None:
         self.module, self.kind, self.lib = module, kind, lib
@@ -324,25 +350,58 @@ def _act8_simd() -> bool:
 class QuantReport:
     mode: str
     layers: int                 # linears given a quantized copy
-    skipped: int                # linears left dense (input size not a multiple of 32)
+    skipped: int                # linears left dense (input size not a multiple of 32; auto: not exact)
     quant_bytes: int            # bytes a decode step reads from the quantized copies
     dense_bytes: int            # what the same layers hold dense, in the model's dtype
-    max_rel_err: float          # max |dequantized - dense| / max |dense| over the layers
+    max_rel_err: float          # max |dequantized - dense| / max |dense| over the quantized layers
+    asked: str = ""             # the --quantization value (auto, q4, q4a8)
+    kernel_rows: int = MAX_ROWS  # the widest step through the kernels
 
     def describe(self) -> str:
-        return (f"{self.mode}: {self.layers} linears quantized ({self.quant_bytes / 1e6:.0f} MB read "
-                f"per decode step instead of {self.dense_bytes / 1e6:.0f} MB; steps of <= {MAX_ROWS} rows), "
+        how = f"auto -> {self.mode}" if self.asked == "auto" else self.mode
+        return (f"{how}: {self.layers} linears quantized ({self.quant_bytes / 1e6:.0f} MB read "
+                f"per decode step instead of {self.dense_bytes / 1e6:.0f} MB; steps of <= {self.kernel_rows} rows), "
                 f"{self.skipped} left dense, max relative weight error {self.max_rel_err:.2g}")
+
+
+def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, asked: str = "none") -> dict[str, str]:
+    """Which arithmetic each kind of step takes, and why (start-up log and ``/server_info``)."""
+    from .dtype import cpu_bf16_flags
+    dense = str(dtype).removeprefix("torch.")
+    unit = ("AMX tiles" if "amx_bf16" in cpu_bf16_flags() else "avx512_bf16 dot products") \
+        if dtype is torch.bfloat16 else "float32 FMA"
+    dense_path = f"dense {dense} matmuls (torch/oneDNN, {unit}; dtype {dtype_why})"
+    if report is None:
+        why = ("auto: the weights are not exact 4-bit blocks, so a quantized copy would change them"
+               if asked == "auto" else "--quantization none")
+        return {"decode": f"{dense_path} ({why})", "prefill": dense_path}
+    act = "8-bit activations, avx512_vnni" if report.mode == "q4a8" else "float activations"
+    why = ("auto: the weights re-quantize exactly (they came from GGUF Q4_1/Q8_0 blocks), so the "
+           "kernels compute with the model's own weights" if report.asked == "auto" else f"--quantization {report.mode}")
+    rows = MAX_ROWS if report.mode == "q4a8" else report.kernel_rows
+    paths = {f"decode <= {MAX_ROWS} rows": f"q4/q8 C kernels ({act}), one fused C call a step ({why})"}
+    if rows > MAX_ROWS:
+        paths[f"decode {MAX_ROWS + 1}-{rows} rows"] = (f"q4/q8 C kernels, {MAX_ROWS} rows a pass over each "
+                                                      "weight row (read once a step)")
+    paths[f"steps > {rows} rows (wide decode)"] = (f"{dense_path}: faster than the kernels' float32 "
+                                                   f"arithmetic from {rows + 1} rows on this CPU (quant.KERNEL_ROWS)")
+    paths["prefill"] = ("q4n16 superblocks with 8-bit activations" if report.mode == "q4a8" and _act8_simd()
+                        else dense_path)
+    return paths
 
 
 def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
     """Give every eligible linear of `model` a quantized decode path (see the module docstring);
-    the LM head gets q8, the rest q4. None for mode ``none``."""
-    mode = (mode or "none").lower()
-    if mode not in MODES:
-        raise ValueError(f"unknown quantization {mode!r}; use one of {', '.join(MODES)}")
-    if mode == "none":
+    the LM head gets q8, the rest q4. None for mode ``none``. Mode ``auto`` is q4 for the
+    linears whose weights re-quantize exactly (`EXACT_TOL`: weights that came from GGUF's
+    Q4_1/Q8_0 blocks, so the kernels compute with the model's own weights) and dense for the
+    rest; None when no linear is exact."""
+    asked = (mode or "none").lower()
+    if asked not in MODES:
+        raise ValueError(f"unknown quantization {asked!r}; use one of {', '.join(MODES)}")
+    if asked == "none":
         return None
+    mode = "q4" if asked == "auto" else asked
     lib = _Lib()
     getter = getattr(model, "get_output_embeddings", None)    # a bare module (tests) has no head
     head = getter() if callable(getter) else None
@@ -355,11 +414,17 @@ def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
             skipped += 1
             continue
         ql = QuantLinear(mod, "q8" if mod is head else "q4", lib, act8=mode == "q4a8")
+        if asked == "auto" and ql.err / ql.scale > EXACT_TOL:
+            skipped += 1                       # not the model's own blocks: stays dense
+            continue
         mod.forward = ql                       # an instance attribute: nn.Module.__call__ finds it
         layers += 1
         qbytes += ql.nbytes
         dbytes += mod.weight.numel() * mod.weight.element_size()
         err = max(err, ql.err / ql.scale)
+    if layers == 0:
+        log.info("quantization %s: no linear re-quantizes exactly, all stay dense", asked)
+        return None
     for mod in model.modules():
         if all(isinstance(getattr(mod, f"{p}_proj", None), torch.nn.Linear) for p in "qkv"):
             group = QuantGroup.of([mod.q_proj, mod.k_proj, mod.v_proj])
@@ -372,6 +437,7 @@ def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
     if mode == "q4a8" and not lib.act8_simd:
         log.warning("q4a8: this CPU has no avx512_vnni, so its products run as portable C loops "
                     "(slower than q4; prefill keeps the dense weights)")
-    report = QuantReport(mode, layers, skipped, qbytes, dbytes, err)
+    report = QuantReport(mode, layers, skipped, qbytes, dbytes, err, asked,
+                         MAX_ROWS if mode == "q4a8" else KERNEL_ROWS)
     log.info("quantization %s", report.describe())
     return report

@@ -27,12 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode attention: inplace = a C kernel (built on first use) reads the paged "
                         "KV cache where it lies; gather = torch copies each context out, then SDPA; "
                         "auto = inplace where a C compiler can build it")
-    p.add_argument("--quantization", default="none", choices=("none", "q4", "q4a8"),
-                   help="q4: decode steps of up to 8 rows read 4-bit copies of the linears (GGUF Q4_1 "
-                        "layout; the LM head 8-bit, Q8_0) through a C kernel; exact for a model "
-                        "converted from such a GGUF, like the default one. q4a8: the same weights "
-                        "multiplied by activations rounded to 8 bits per 32 (llama.cpp's arithmetic): "
-                        "faster, slightly less accurate (default: none)")
+    p.add_argument("--quantization", default="auto", choices=("auto", "none", "q4", "q4a8"),
+                   help="auto (default): the linears whose weights re-quantize exactly to 4-bit "
+                        "blocks (a model converted from a GGUF's Q4_1/Q8_0, like the default one) "
+                        "decode through C kernels that read those blocks, with the model's own "
+                        "arithmetic; other weights, prefill and wide steps stay dense. q4: every "
+                        "linear gets the 4-bit copy (exact only for such a GGUF). q4a8: the same "
+                        "weights multiplied by activations rounded to 8 bits per 32 (llama.cpp's "
+                        "arithmetic): faster, slightly less accurate. none: dense only")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=None)
     p.add_argument("--speculative", default=None, choices=("ngram",),

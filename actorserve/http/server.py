@@ -44,6 +44,7 @@ class Built:
     pool_models: Any = None            # target -> http.pooling.PoolModel (embed, rerank, classify)
     dtype_reason: str = ""             # why --dtype chose what it did ("auto: the CPU has amx_bf16")
     quantization: str | None = None    # what --quantization did (engine.quant.QuantReport.describe)
+    paths: dict[str, str] | None = None  # which arithmetic each kind of step takes (engine.quant.phase_paths)
 
 
 def kv_bytes_per_block(model_config: Any, block_size: int, dtype_bytes: int = 4) -> int:
@@ -97,8 +98,14 @@ def build_runtime(config: ServerConfig) -> Built:
                       pooling_engines={k: pm.engine for k, pm in pool.items()},
                       detokenizer=tokenizer.detokenizer_for)
     quant = getattr(model, "actorserve_quant", None)
+    paths = None
+    if getattr(engine, "layers", None) is not None:        # the paged runner (not the HF fallback)
+        from ..engine.quant import phase_paths
+        paths = phase_paths(quant, dtype, why, mc.quantization)
+        for phase, how in paths.items():
+            log.info("%s: %s", phase, how)
     return Built(runtime, tokenizer, name, str(path), pool, f"{dtype_name(dtype)} ({why})",
-                 quant.describe() if quant is not None else None)
+                 quant.describe() if quant is not None else None, paths)
 
 
 def make_app(config: ServerConfig, built: Built | None = None) -> web.Application:
@@ -109,6 +116,7 @@ def make_app(config: ServerConfig, built: Built | None = None) -> web.Applicatio
     app[CTX].extra["model_path"] = built.model_path
     app[CTX].extra["dtype_reason"] = built.dtype_reason
     app[CTX].extra["quantization"] = built.quantization
+    app[CTX].extra["engine_paths"] = built.paths
     return app
 
 

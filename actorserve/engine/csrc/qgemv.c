@@ -280,6 +280,7 @@ typedef struct {
     void *y;
 } job_t;
 
+static void run_rows(const job_t *j);
 static void run_rows(const job_t *j) {
     const int M = j->M, K = j->K, N = j->N, G = j->G;
     const float *xf = j->xf, *xs = j->xs;
@@ -288,6 +289,23 @@ static void run_rows(const job_t *j) {
         for (int nb = j->n0; nb < j->n1; nb++)
             q4n16_block(j->xq, j->xd, xs, M, K, (const uint8_t *)j->q + (size_t)nb * G * N16_SB,
                         j->bias, j->y, j->y_bf16, N, nb * 16);
+        return;
+    }
+    if (M > MAXM && !j->xq) {          /* a wide step: MAXM rows at a time, one output row */
+        job_t part = *j;                /* after another, so its weights are read from memory once */
+        for (int n = j->n0; n < j->n1; n++) {
+            part.n0 = n, part.n1 = n + 1;
+            const int step = j->xb ? 4 : MAXM;      /* the bf16 path's rows: at most 4 */
+            for (int r0 = 0; r0 < M; r0 += step) {
+                part.M = M - r0 < step ? M - r0 : step;
+                part.xf = xf + (size_t)r0 * K;
+                part.xs = xs + (size_t)r0 * G;
+                part.xb = j->xb ? j->xb + (size_t)r0 * K : NULL;
+                part.y = j->y_bf16 ? (void *)((uint16_t *)j->y + (size_t)r0 * N)
+                                   : (void *)((float *)j->y + (size_t)r0 * N);
+                run_rows(&part);
+            }
+        }
         return;
     }
     for (int n = j->n0; n < j->n1; n++) {
@@ -355,18 +373,20 @@ int qgemv_bf16_path(int on) {
  * in q4n16.c's superblocks; x and y float32 or bfloat16 (the flags), bias float32 or NULL.
  * x is widened once to float32 (with the per-group sums) before the rows are spread over the
  * threads: the step pool's while it is active, else `nthreads` OpenMP threads.
- * Returns 0, or -1 for a shape it does not take (M outside 1..8, or 1..N16_MAXM for the
+ * Returns 0, or -1 for a shape it does not take (M outside 1..WIDE_MAXM; 1..8 for act8 rows,
+ * 1..N16_MAXM for the
  * superblocks; K not a multiple of 32; N not a multiple of 16 for the superblocks) or no
  * memory. */
 #define QG_ACT8 16
 #define QG_N16 32       /* with QG_ACT8: q4 in q4n16.c's layout (q: the superblocks; d, m unused) */
 #define N16_MAXM 65536
+#define WIDE_MAXM 65536   /* q4 and q8 of float activations: any width, MAXM rows a pass */
 
 int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, const uint16_t *d,
           const uint16_t *m, int N, const float *bias, void *y, int y_bf16, int nthreads) {
     const int act8 = (kind & QG_ACT8) != 0, n16 = kind == (4 | QG_ACT8 | QG_N16);
     kind &= ~(QG_ACT8 | QG_N16);
-    if (M < 1 || M > (n16 ? N16_MAXM : MAXM) || K % 32 || (kind != 4 && kind != 8) || (n16 && N % 16))
+    if (M < 1 || M > (n16 ? N16_MAXM : act8 ? MAXM : WIDE_MAXM) || K % 32 || (kind != 4 && kind != 8) || (n16 && N % 16))
         return -1;
     int G = K / 32;
     /* xf [M, K] and xs [M, G] float32; with act8 also xd [M, G], xdv [M, G/2, 16], xinit
@@ -382,7 +402,7 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         for (int e = 0; e < 32; e++) sum += xf[i * 32 + e];
         xs[i] = sum;
     }
-    const uint16_t *xb = x_bf16 && kind == 4 && bf16_path && M <= 4 ? (const uint16_t *)x : NULL;
+    const uint16_t *xb = x_bf16 && kind == 4 && bf16_path && (M <= 4 || M > MAXM) ? (const uint16_t *)x : NULL;
     int8_t *xq = NULL;
     float *xd = NULL, *xdv = NULL;
     int32_t *xinit = NULL;
