@@ -1,4 +1,4 @@
-"""actorserve against peer servers (transformers serve, llama.cpp llama-server): same harness, same run.
+"""actorserve against peer servers (vLLM's CPU backend, transformers serve, llama.cpp llama-server): same harness, same run.
 
 Each server runs in turn as a subprocess on 127.0.0.1 (a free port), CPU,
 ``OMP_WAIT_POLICY=PASSIVE``, ``HF_HUB_OFFLINE=1``. After one warm-up request each is driven with
@@ -15,6 +15,9 @@ content chunk p50/p95, and the prompt tokens the server says it took from its pr
 the server is stopped (SIGTERM, bounded wait, then SIGKILL of its process group).
 
 ``--peers`` (comma list, default ``transformers``) picks the peers:
+
+- ``vllm``: vLLM's CPU backend, the floor of record (`peer_vllm`: how it is installed and started;
+  ``--vllm-bench`` also runs vLLM's own client, ``vllm bench serve``, against every server).
 
 - ``transformers``: the ``transformers`` CLI of another interpreter (``--peer-python``, a scratch
   venv: ``python3 -m venv /tmp/peer && /tmp/peer/bin/pip install torch==2.13.0
@@ -43,7 +46,9 @@ of its log) and its ratios are null; the script does not crash.
 
 Prints one JSON line (``--json``) or a short table. Top-level keys: ``setup``, ``actorserve``;
 for the transformers peer ``peer`` and ``ratios`` (the shape from before ``--peers``); for
-llama.cpp ``llamacpp`` and ``ratios_llamacpp``; a key is present only when its server was
+llama.cpp ``llamacpp`` and ``ratios_llamacpp``; for vLLM ``vllm`` and ``ratios_vllm``
+(with ``peak_rss_actorserve_over_peer``: VmHWM of each server's process group, and the
+``vllm bench serve`` ratios); ``--long`` adds a level ``long`` (TTFT p50 ratio there); a key is present only when its server was
 selected (``--peers``, ``--only``). Ratios per level: actorserve/peer tok/s and
 peer/actorserve TTFT p95 (above 1 is actorserve ahead in both), and how many greedy texts were
 the same.
@@ -70,6 +75,26 @@ import aiohttp  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serverproc import free_port, stop_server, wait_up  # noqa: E402
+import peer_vllm  # noqa: E402
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """The peak resident memory (VmHWM) of a server's process group: its own process and the
+    children it started (vLLM's engine core runs in one), summed."""
+    total, found = 0, False
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+            pgid = os.getpgid(int(status.parent.name))
+        except (OSError, ValueError):
+            continue
+        if pgid != pid:
+            continue
+        for line in text.splitlines():
+            if line.startswith("VmHWM:"):
+                total += int(line.split()[1])
+                found = True
+    return round(total / 1024, 1) if found else None
 
 TOPICS = ["the sea", "a robot", "autumn", "a lighthouse", "bread", "mountains", "a cat", "the moon"]
 
@@ -85,15 +110,32 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+WORDS = ("river stone market window garden engine letter winter doctor silver music paper forest "
+         "station bridge candle harbor teacher orange island ladder pocket village thunder mirror "
+         "planet basket violin castle meadow rocket shadow tunnel wallet anchor blanket compass").split()
+
+
+def long_messages(i: int, words: int) -> list[dict[str, str]]:
+    """A prompt of about `words` * 1.2 tokens, different from every other request's from its
+    first word (so no prefix cache shares anything beyond the chat template)."""
+    import random
+    rng = random.Random(i)
+    text = " ".join(rng.choice(WORDS) for _ in range(words))
+    return [{"role": "user", "content": f"Request {i}: {text}. Summarise the text above."}]
+
+
 async def one_request(http: aiohttp.ClientSession, url: str, model: str, i: int, max_tokens: int,
-                      timeout: float) -> dict[str, Any]:
-    body = {"model": model, "messages": prompt_messages(i), "max_tokens": max_tokens,
+                      timeout: float, messages: list[dict[str, str]] | None = None,
+                      ignore_eos: bool = False) -> dict[str, Any]:
+    body = {"model": model, "messages": messages or prompt_messages(i), "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
     t0 = time.perf_counter()
     ttft = None
     chunks = 0
     usage = None
-    cached = None
+    cached = prompt_tokens = None
     text: list[str] = []
     finish = None
     async with http.post(url + "/v1/chat/completions", json=body,
@@ -107,6 +149,7 @@ async def one_request(http: aiohttp.ClientSession, url: str, model: str, i: int,
             msg = json.loads(line[6:])
             if msg.get("usage"):
                 usage = msg["usage"].get("completion_tokens")
+                prompt_tokens = msg["usage"].get("prompt_tokens")
                 cached = (msg["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", cached)
             for choice in msg.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content")
@@ -117,7 +160,8 @@ async def one_request(http: aiohttp.ClientSession, url: str, model: str, i: int,
                     text.append(piece)
                 finish = choice.get("finish_reason") or finish
     return {"ttft": ttft, "tokens": usage if usage is not None else chunks, "chunks": chunks,
-            "usage": usage, "cached": cached, "text": "".join(text), "finish": finish}
+            "usage": usage, "cached": cached, "text": "".join(text), "finish": finish,
+            "prompt_tokens": prompt_tokens}
 
 
 async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -139,18 +183,32 @@ async def drive(url: str, model: str, args: argparse.Namespace) -> dict[str, Any
                 level["passes_tokens_per_s"] = [r["tokens_per_s"] for r in passes]
                 level["passes_ttft_p95_ms"] = [r["ttft_p95_ms"] for r in passes]
             out[f"c{concurrency}"] = level
+        if args.long:            # long prompts: prefill-bound, TTFT is the figure
+            concurrency, requests, words, out_tokens = args.long
+            passes = [await one_level(http, url, model, args, concurrency, requests, first=50_000 + p * 1000,
+                                      long_words=words, max_tokens=out_tokens)
+                      for p in range(max(1, args.passes))]
+            ranked = sorted(passes, key=lambda r: r["ttft_p50_ms"] or 0.0)
+            level = dict(ranked[(len(ranked) - 1) // 2])
+            level["_texts"] = passes[0]["_texts"]
+            if len(passes) > 1:
+                level["passes_tokens_per_s"] = [r["tokens_per_s"] for r in passes]
+                level["passes_ttft_p50_ms"] = [r["ttft_p50_ms"] for r in passes]
+            out["long"] = level
     return out
 
 
 async def one_level(http: aiohttp.ClientSession, url: str, model: str, args: argparse.Namespace,
-                    concurrency: int, requests: int, first: int = 0) -> dict[str, Any]:
+                    concurrency: int, requests: int, first: int = 0, long_words: int = 0,
+                    max_tokens: int | None = None) -> dict[str, Any]:
     """One pass of a level: requests ``first .. first + requests - 1``, at most `concurrency` at
-    a time."""
+    a time (with `long_words`, long prompts of that many words)."""
     sem = asyncio.Semaphore(concurrency)
 
     async def bounded(i: int) -> dict[str, Any]:
         async with sem:
-            return await one_request(http, url, model, i, args.max_tokens, args.request_timeout)
+            return await one_request(http, url, model, i, max_tokens or args.max_tokens, args.request_timeout,
+                                     long_messages(i, long_words) if long_words else None, args.ignore_eos)
 
     t0 = time.perf_counter()
     results = await asyncio.gather(*(bounded(first + i) for i in range(requests)), return_exceptions=True)
@@ -166,6 +224,8 @@ async def one_level(http: aiohttp.ClientSession, url: str, model: str, args: arg
         "content_chunks": sum(r["chunks"] for r in ok),
         "finish_length": sum(1 for r in ok if r["finish"] == "length"),
         "cached_prompt_tokens": sum(cached) if cached else None,
+        "prompt_tokens_mean": (round(sum(r["prompt_tokens"] for r in ok) / len(ok), 1)
+                               if ok and all(r["prompt_tokens"] for r in ok) else None),
         "tokens_per_s": round(tokens / wall, 2) if wall > 0 else None,
         "ttft_p50_ms": round(pct(ttfts, 0.5) * 1e3, 1) if ttfts else None,
         "ttft_p95_ms": round(pct(ttfts, 0.95) * 1e3, 1) if ttfts else None,
@@ -188,7 +248,8 @@ def kill_group(proc: subprocess.Popen) -> None:
             pass
 
 
-def run_one(name: str, cmd: list[str], model: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
+def run_one(name: str, cmd: list[str], model: str, args: argparse.Namespace, log: Path,
+            extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     port = free_port()
     cmd = [c.replace("{port}", str(port)) for c in cmd]
     # OpenMP: actorserve's CLI sets its own (actorserve.omp); a peer runs with its own defaults
@@ -200,6 +261,7 @@ def run_one(name: str, cmd: list[str], model: str, args: argparse.Namespace, log
         env.update(OMP_ENV)
     if args.omp_spin is not None:
         env["GOMP_SPINCOUNT"] = str(args.omp_spin)
+    env.update(extra_env or {})
     result: dict[str, Any] = {"cmd": " ".join(cmd)}
     with open(log, "w") as logf:
         try:
@@ -213,6 +275,8 @@ def run_one(name: str, cmd: list[str], model: str, args: argparse.Namespace, log
             asyncio.run(wait_up(url, proc, timeout=args.start_timeout))
             result["startup_s"] = round(time.perf_counter() - t0, 2)
             result.update(asyncio.run(drive(url, model, args)))
+            result.update(peer_vllm.bench_serve(args, url, model, args.model_path))
+            result["peak_rss_mb"] = peak_rss_mb(proc.pid)
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not raised
             tail = log.read_text(errors="replace")[-600:] if log.exists() else ""
             result["error"] = f"{type(e).__name__}: {e}"
@@ -227,7 +291,7 @@ def parse_levels(s: str) -> list[tuple[int, int]]:
     return [(int(c), int(n)) for c, n in (part.split(":") for part in s.split(","))]
 
 
-PEERS = ("transformers", "llamacpp")
+PEERS = ("transformers", "llamacpp", "vllm")
 PROMPT_ROOM = 128   # llama-server context per slot beyond max_tokens: the templated prompt (~42) + margin
 
 
@@ -298,8 +362,7 @@ def run_llamacpp(args: argparse.Namespace, setup: dict[str, Any]) -> dict[str, A
 def level_ratios(a: dict[str, Any], b: dict[str, Any], levels: list[tuple[int, int]]) -> dict[str, Any]:
     """actorserve (`a`) against one peer (`b`), per level; reads the `_texts`, leaves them."""
     ratios: dict[str, Any] = {}
-    for c, _ in levels:
-        key = f"c{c}"
+    for key in [f"c{c}" for c, _ in levels] + (["long"] if "long" in a or "long" in b else []):
         ra, rb = a.get(key) or {}, b.get(key) or {}
         tps = (ra["tokens_per_s"] / rb["tokens_per_s"]
                if ra.get("tokens_per_s") and rb.get("tokens_per_s") else None)
@@ -307,7 +370,10 @@ def level_ratios(a: dict[str, Any], b: dict[str, Any], levels: list[tuple[int, i
                 if ra.get("ttft_p95_ms") and rb.get("ttft_p95_ms") else None)
         ta, tb = ra.get("_texts"), rb.get("_texts")
         same = (sum(x == y for x, y in zip(ta, tb)) if ta is not None and tb is not None else None)
+        ttft50 = (ra["ttft_p50_ms"] / rb["ttft_p50_ms"]
+                  if ra.get("ttft_p50_ms") and rb.get("ttft_p50_ms") else None)
         ratios[key] = {"tokens_per_s_actorserve_over_peer": round(tps, 3) if tps else None,
+                       "ttft_p50_actorserve_over_peer": round(ttft50, 3) if ttft50 else None,
                        "ttft_p95_peer_over_actorserve": round(ttft, 3) if ttft else None,
                        "same_greedy_text": f"{same}/{len(ta)}" if same is not None else None}
     return ratios
@@ -341,11 +407,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=["actorserve", "peer"], default=None,
                    help="run only actorserve, or only the --peers")
     p.add_argument("--log-dir", default="/tmp")
-    p.add_argument("--actorserve-quantization", default="none", choices=("none", "q4", "q4a8"),
-                   help="actorserve's --quantization (q4: the GGUF's own 4-bit weights for decode steps)")
-    p.add_argument("--actorserve-dtype", default="float32",
-                   help="actorserve's --dtype (default float32, the transformers peer's; auto picks "
-                        "bfloat16 on a CPU with avx512_bf16/AMX, which is then not the same arithmetic)")
+    p.add_argument("--actorserve-quantization", default="auto", choices=("auto", "none", "q4", "q4a8"),
+                   help="actorserve's --quantization (default auto, what `make serve` runs)")
+    p.add_argument("--actorserve-dtype", default="auto",
+                   help="actorserve's --dtype (default auto, what `make serve` runs: bfloat16 on a CPU "
+                        "with avx512_bf16/AMX; float32 is the transformers peer's arithmetic)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="send ignore_eos (every request runs to max_tokens; vLLM, llama.cpp and "
+                        "actorserve honour it, transformers serve refuses it)")
+    p.add_argument("--long", type=lambda v: tuple(int(x) for x in v.split(":")), default=None,
+                   metavar="C:N:WORDS:OUT",
+                   help="also a long-prompt level: N requests of WORDS random words (~1.2 tokens a "
+                        "word, distinct from the first word), OUT tokens out, C at a time; e.g. 8:16:830:32")
+    peer_vllm.add_args(p)
     p.add_argument("--peer-omp", choices=["own", "passive"], default="own",
                    help="the peers' OpenMP settings: their own defaults, or actorserve's (PASSIVE)")
     p.add_argument("--omp-spin", type=int, default=None,
@@ -384,21 +458,33 @@ def main(argv: list[str] | None = None) -> int:
             out["peer"] = run_transformers(args, setup, model_path)
         if "llamacpp" in args.peers:
             out["llamacpp"] = run_llamacpp(args, setup)
+        if "vllm" in args.peers:
+            out["vllm"] = peer_vllm.run_vllm(args, setup, model_path, run_one)
 
     a = out.get("actorserve", {})
     if "transformers" in args.peers:
         out["ratios"] = level_ratios(a, out.get("peer", {}), args.levels)
     if "llamacpp" in args.peers:
         out["ratios_llamacpp"] = level_ratios(a, out.get("llamacpp", {}), args.levels)
-    for name in ("actorserve", "peer", "llamacpp"):
-        for c, _ in args.levels:
-            ((out.get(name) or {}).get(f"c{c}") or {}).pop("_texts", None)
+    if "vllm" in args.peers:
+        out["ratios_vllm"] = level_ratios(a, out.get("vllm", {}), args.levels)
+        bench_a, bench_v = a.get("vllm_bench") or {}, (out.get("vllm") or {}).get("vllm_bench") or {}
+        for label in ("sampled", "greedy"):
+            ta, tv = (bench_a.get(label) or {}).get("output_throughput"), (bench_v.get(label) or {}).get("output_throughput")
+            if ta and tv:
+                out["ratios_vllm"][f"vllm_bench_{label}_output_tok_s"] = round(ta / tv, 3)
+        ra, rv = a.get("peak_rss_mb"), (out.get("vllm") or {}).get("peak_rss_mb")
+        if ra and rv:
+            out["ratios_vllm"]["peak_rss_actorserve_over_peer"] = round(ra / rv, 3)
+    for name in ("actorserve", "peer", "llamacpp", "vllm"):
+        for key in [f"c{c}" for c, _ in args.levels] + ["long"]:
+            ((out.get(name) or {}).get(key) or {}).pop("_texts", None)
 
     if args.json:
         print(json.dumps(out))
     else:
         print(f"{'server':<12}{'level':>6}{'tok/s':>10}{'ttft_p50_ms':>13}{'ttft_p95_ms':>13}")
-        for name in ("actorserve", "peer", "llamacpp"):
+        for name in ("actorserve", "peer", "llamacpp", "vllm"):
             if name not in out:
                 continue
             for c, _ in args.levels:
@@ -407,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r.get('ttft_p50_ms')!s:>13}{r.get('ttft_p95_ms')!s:>13}")
             if (out.get(name) or {}).get("error"):
                 print(f"{name}: {out[name]['error']}")
-        for key in ("ratios", "ratios_llamacpp"):
+        for key in ("ratios", "ratios_llamacpp", "ratios_vllm"):
             if key in out:
                 print(key, json.dumps(out[key]))
     return 0
