@@ -52,9 +52,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from . import cbuild
+from . import cbuild, dense
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +281,7 @@ class QuantLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.w.run(self.lib, x)
         if y is None:
-            return F.linear(x, self.module.weight, self.module.bias)
+            return dense.linear(self.module, x)
         return y.view(*x.shape[:-1], self.N)
 
 
@@ -364,13 +363,15 @@ class QuantReport:
                 f"{self.skipped} left dense, max relative weight error {self.max_rel_err:.2g}")
 
 
-def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, asked: str = "none") -> dict[str, str]:
+def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, asked: str = "none",
+                packed: int = 0) -> dict[str, str]:
     """Which arithmetic each kind of step takes, and why (start-up log and ``/server_info``)."""
     from .dtype import cpu_bf16_flags
     dense = str(dtype).removeprefix("torch.")
     unit = ("AMX tiles" if "amx_bf16" in cpu_bf16_flags() else "avx512_bf16 dot products") \
         if dtype is torch.bfloat16 else "float32 FMA"
-    dense_path = f"dense {dense} matmuls (torch/oneDNN, {unit}; dtype {dtype_why})"
+    lib = f"oneDNN, {packed} weights packed at load" if packed else "torch F.linear"
+    dense_path = f"dense {dense} matmuls ({lib}, {unit}; dtype {dtype_why})"
     if report is None:
         why = ("auto: the weights are not exact 4-bit blocks, so a quantized copy would change them"
                if asked == "auto" else "--quantization none")

@@ -1,0 +1,66 @@
+"""Dense linears through oneDNN with weights packed at load (`engine.dense`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from actorserve.engine import dense, quant
+
+pytestmark = pytest.mark.skipif(not dense._ops_available(), reason="this torch has no oneDNN linear ops")
+
+
+def _module(dtype: torch.dtype) -> torch.nn.Module:
+    torch.manual_seed(2)
+    mod = torch.nn.Module()
+    mod.a = torch.nn.Linear(96, 40, bias=True)
+    mod.b = torch.nn.Linear(40, 64, bias=False)
+    mod.emb = torch.nn.Embedding(10, 8)                 # not a linear: left alone
+    return mod.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linears_compute_what_f_linear_does_at_every_width(dtype):
+    mod = _module(dtype)
+    assert dense.pack_model(mod) == 2
+    assert getattr(mod.a, dense.PACKED) is not None and not hasattr(mod.emb, dense.PACKED)
+    assert isinstance(mod.a.forward, dense.PackedLinear)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for rows in (1, 7, 33, 513):
+        x = torch.randn(rows, 96).to(dtype)
+        got = mod.b(mod.a(x))
+        want = F.linear(F.linear(x, mod.a.weight, mod.a.bias), mod.b.weight)
+        assert got.shape == (rows, 64) and got.dtype == dtype
+        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    x3 = torch.randn(2, 5, 96).to(dtype)[:, ::2]          # leading dims kept, a strided view
+    torch.testing.assert_close(mod.a(x3).float(), F.linear(x3, mod.a.weight, mod.a.bias).float(),
+                               atol=tol, rtol=tol)
+    other = torch.randn(4, 96).to(torch.float64 if dtype == torch.float32 else torch.float32)
+    with pytest.raises(RuntimeError):                   # another dtype takes F.linear, which refuses
+        mod.a(other)
+
+
+def test_a_quantized_linears_wide_steps_take_its_packed_weight(monkeypatch):
+    mod = _module(torch.float32)
+    torch.nn.init.normal_(mod.a.weight, std=0.1)
+    quant.quantize_model(mod, "q4")
+    assert isinstance(mod.a.forward, quant.QuantLinear)
+    assert dense.pack_model(mod) == 2
+    assert isinstance(mod.a.forward, quant.QuantLinear)   # the quantizer's forward stays
+    calls = []
+    real = dense.linear
+    monkeypatch.setattr(dense, "linear", lambda m, x: (calls.append(x.shape[0]), real(m, x))[1])
+    mod.a(torch.randn(quant.KERNEL_ROWS, 96))             # narrow: the kernel
+    assert calls == []
+    wide = torch.randn(quant.KERNEL_ROWS + 1, 96)
+    got = mod.a(wide)                                     # wide: the packed dense weight
+    assert calls == [quant.KERNEL_ROWS + 1]
+    torch.testing.assert_close(got, F.linear(wide, mod.a.weight, mod.a.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_nothing_is_packed_where_onednn_disagrees(monkeypatch):
+    mod = _module(torch.float32)
+    monkeypatch.setattr(dense, "_agrees", lambda m, p: False)
+    assert dense.pack_model(mod) == 0
+    assert not hasattr(mod.a, dense.PACKED) and "forward" not in vars(mod.a)
