@@ -412,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--actorserve-dtype", default="auto",
                    help="actorserve's --dtype (default auto, what `make serve` runs: bfloat16 on a CPU "
                         "with avx512_bf16/AMX; float32 is the transformers peer's arithmetic)")
+    p.add_argument("--actorserve-args", default="",
+                   help="more arguments for actorserve serve, one string (e.g. '--max-batch-tokens 1024')")
     p.add_argument("--ignore-eos", action="store_true",
                    help="send ignore_eos (every request runs to max_tokens; vLLM, llama.cpp and "
                         "actorserve honour it, transformers serve refuses it)")
@@ -451,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             "actorserve",
             [sys.executable, "-m", "actorserve.cli", "serve", "--model", "default", "--host", "127.0.0.1",
              "--port", "{port}", "--embedding-model", "none", "--dtype", args.actorserve_dtype,
-             "--quantization", args.actorserve_quantization],
+             "--quantization", args.actorserve_quantization, *args.actorserve_args.split()],
             "default", args, log_dir / "peers_actorserve.log")
     if args.only != "actorserve":
         if "transformers" in args.peers:

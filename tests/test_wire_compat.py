@@ -265,7 +265,7 @@ async def test_server_info_has_the_fields_sglang_clients_read(tiny):
             info = await (await http.get(path)).json()
             assert info["max_total_num_tokens"] == 64 * 16
             assert info["max_running_requests"] == 64
-            assert info["chunked_prefill_size"] == 512 and info["max_prefill_tokens"] == 2048
+            assert info["chunked_prefill_size"] == 1024 and info["max_prefill_tokens"] == 1024
             assert info["page_size"] == 16 and info["context_length"] == 1024
             assert info["max_req_input_len"] == 1023
             assert isinstance(info["version"], str) and isinstance(info["attention_backend"], str)

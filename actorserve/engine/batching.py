@@ -34,8 +34,15 @@ from .speculative import SpecConfig, eligible, propose
 @dataclass(frozen=True, slots=True)
 class BatchConfig:
     max_num_seqs: int = 64            # sequences in one step
-    max_batch_tokens: int = 2048      # tokens computed in one step (prefill chunks + decodes)
-    max_prefill_chunk: int = 512      # largest prefill chunk for one sequence in one step
+    # Tokens computed in one step (prefill chunks + decodes), and the largest prefill chunk of
+    # one sequence in one step: no cap beyond the budget, so the oldest waiting prompt takes
+    # what it needs and reaches its first token first (vLLM's and SGLang's order). Long
+    # prompts, 8 at a time (benchmarks/peers.py --long 8:16:830:32, 2-core AMD EPYC): TTFT p50
+    # 6.4 s with (2048, 512), where four prompts shared every step and all finished together;
+    # 4.5 s with (2048, 2048); 2.5 s with (1024, 1024), whose shorter steps also keep the
+    # running streams' decodes closer together; 3.0 s with (512, 512).
+    max_batch_tokens: int = 1024
+    max_prefill_chunk: int = 1024
     # Speculative decoding (`engine.speculative`; flat fields, so a recording's set-up rebuilds
     # them): None = off, "ngram" = prompt-lookup drafts of up to `speculative_tokens` a step,
     # while at most `speculative_max_batch` sequences decode.

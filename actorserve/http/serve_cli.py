@@ -36,7 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "weights multiplied by activations rounded to 8 bits per 32 (llama.cpp's "
                         "arithmetic): faster, slightly less accurate. none: dense only")
     p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-batch-tokens", type=int, default=None)
+    p.add_argument("--max-batch-tokens", type=int, default=None,
+                   help="tokens computed in one step, prefill chunks and decodes together")
+    p.add_argument("--max-prefill-chunk", type=int, default=None,
+                   help="the largest prefill chunk of one request in one step (SGLang's "
+                        "--chunked-prefill-size)")
     p.add_argument("--speculative", default=None, choices=("ngram",),
                    help="speculative decoding without a draft model: n-gram (prompt-lookup) drafts "
                         "verified in one step; greedy requests only, output identical (default: off)")
@@ -92,6 +96,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         batch_kw["max_num_seqs"] = args.max_num_seqs
     if args.max_batch_tokens is not None:
         batch_kw["max_batch_tokens"] = args.max_batch_tokens
+    if getattr(args, "max_prefill_chunk", None) is not None:
+        batch_kw["max_prefill_chunk"] = args.max_prefill_chunk
     if getattr(args, "speculative", None):
         batch_kw.update(speculative=args.speculative, speculative_tokens=args.speculative_tokens,
                         speculative_max_batch=args.speculative_max_batch)
