@@ -74,11 +74,10 @@ def test_kernel_equals_the_dense_product_of_the_dequantized_weights(kind, dtype)
     torch.testing.assert_close(ql(wide), F.linear(wide, lin.weight, lin.bias))
 
 
-def test_the_kernels_widest_step_follows_the_cpus_matrix_unit():
-    assert quant._kernel_rows(("amx_bf16", "avx512_bf16")) == quant.MAX_ROWS   # AMX: dense sooner
-    assert quant._kernel_rows(("avx512_bf16",)) == 12
-    assert quant._kernel_rows(()) == 16                # dense is float32 there: twice the bytes
-    assert quant.KERNEL_ROWS == quant._kernel_rows() >= quant.MAX_ROWS
+def test_the_kernels_widest_step_is_the_fused_steps_unless_set(monkeypatch):
+    assert quant.KERNEL_ROWS == quant._kernel_rows() == quant.MAX_ROWS     # wider: packed dense
+    monkeypatch.setenv("ACTORSERVE_Q4_ROWS", "24")
+    assert quant._kernel_rows() == 24
 
 
 def _exact_and_lossy() -> torch.nn.Module:

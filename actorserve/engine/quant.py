@@ -87,25 +87,18 @@ PARALLEL_MIN = _parallel_min()
 GROUP = 32
 
 
-def _kernel_rows(flags: tuple[str, ...] | None = None) -> int:
-    """The widest step whose q4/q8 products take the C kernels (float activations; the kernel
-    runs `MAX_ROWS` rows a pass over each output row, so the weights are read once a step).
-    Beyond it the dense weight in the model's dtype is faster: the kernel's per-row cost is
-    its float32 arithmetic, the matrix units' is not. Measured on the 2-core AMD EPYC
-    (avx512_bf16, no AMX; SmolLM2 decode step, benchmarks/quant_decode.py --batches): q4 vs
-    dense bf16 8 rows 27 vs 63 ms, 10 rows 55 vs 68, 12 rows 60 vs 71, 14 rows 75 vs 64,
-    32 rows 183 vs 76; hence 12. Where AMX tiles do the dense products the crossover comes
-    sooner (8); without native bf16 the dense path is float32, twice the bytes, so later (16).
-    ``ACTORSERVE_Q4_ROWS`` overrides it (benchmarks)."""
+def _kernel_rows() -> int:
+    """The widest step whose q4/q8 products take the C kernels (float activations). The kernel
+    takes any width, `MAX_ROWS` rows a pass over each output row (so the weights are read once
+    a step), but from 9 rows on the dense weight through oneDNN (`engine.dense`, packed at
+    load) is as fast or faster: the kernel's cost grows with its float32 arithmetic per row.
+    Measured on the 2-core AMD EPYC (avx512_bf16, no AMX), SmolLM2 decode steps, ms (kernel vs
+    packed dense; benchmarks/quant_decode.py --batches with ACTORSERVE_Q4_ROWS): bf16 10 rows
+    55 vs 55, 12 rows 63 vs 57, 16 rows 87 vs 57-72; float32 12 rows 70 vs 61, 16 rows 102 vs 75.
+    A tie goes to the library, so `MAX_ROWS`. ``ACTORSERVE_Q4_ROWS`` sets another width
+    (benchmarks)."""
     env = os.environ.get("ACTORSERVE_Q4_ROWS")
-    if env:
-        return max(1, int(env))
-    if flags is None:
-        from .dtype import cpu_bf16_flags
-        flags = cpu_bf16_flags()
-    if "amx_bf16" in flags:
-        return MAX_ROWS
-    return 12 if "avx512_bf16" in flags else 16
+    return max(1, int(env)) if env else MAX_ROWS
 
 
 KERNEL_ROWS = _kernel_rows()
@@ -384,8 +377,8 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
     if rows > MAX_ROWS:
         paths[f"decode {MAX_ROWS + 1}-{rows} rows"] = (f"q4/q8 C kernels, {MAX_ROWS} rows a pass over each "
                                                       "weight row (read once a step)")
-    paths[f"steps > {rows} rows (wide decode)"] = (f"{dense_path}: faster than the kernels' float32 "
-                                                   f"arithmetic from {rows + 1} rows on this CPU (quant.KERNEL_ROWS)")
+    paths[f"steps > {rows} rows (wide decode)"] = (f"{dense_path}: from {rows + 1} rows as fast as the "
+                                                   "kernels or faster (measured: quant.KERNEL_ROWS)")
     paths["prefill"] = ("q4n16 superblocks with 8-bit activations" if report.mode == "q4a8" and _act8_simd()
                         else dense_path)
     return paths
