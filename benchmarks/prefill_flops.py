@@ -10,6 +10,11 @@ square); the LM head runs for the last row only. The peak is the best of a few s
 (AMX tiles, avx512_bf16 or float32 FMA). Prints one JSON line: ms, GFLOP/s, peak GFLOP/s and
 their ratio, and the CPU's matrix features.
 
+And the decode floor: the machine's read bandwidth (the best of a few sums over a 1 GiB
+float32 tensor) and what a decode step must read at the least, over it: the quantized
+weights (the q4/q8 copies, what a step of at most 8 rows reads) or the dense weights in the
+model's dtype (wider steps), plus ``--floor-context`` tokens of KV per sequence.
+
     .venv/bin/python benchmarks/prefill_flops.py --json
 """
 
@@ -45,6 +50,12 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def read_gb_per_s(repeats: int = 3) -> float:
+    big = torch.ones(1 << 28)                     # 1 GiB of float32
+    big.sum()
+    return (big.numel() * 4) / min(_timed(big.sum) for _ in range(repeats)) / 1e9
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="default")
@@ -53,6 +64,7 @@ def main() -> None:
     p.add_argument("--quantization", default="auto")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--peak-n", type=int, default=2048)
+    p.add_argument("--floor-context", type=int, default=200, help="KV tokens per sequence in the floor")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     from actorserve.engine.dtype import cpu_bf16_flags, resolve_dtype
@@ -79,6 +91,19 @@ def main() -> None:
            "gflop": round(flops / 1e9, 1), "gflop_per_s": round(flops / seconds / 1e9, 1),
            "peak_matmul_gflop_per_s": round(top, 1), "fraction_of_peak": round(flops / seconds / 1e9 / top, 3),
            "attention_share_of_flops": round(attn / flops, 3)}
+    bw = read_gb_per_s()
+    rep = getattr(model, "actorserve_quant", None)
+    dense_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+                      if isinstance(m, torch.nn.Linear))
+    kv_token = 2 * cfg.num_hidden_layers * engine.n_kv * engine.head_dim * dtype.itemsize
+    out["read_gb_per_s"] = round(bw, 1)
+    floor: dict[str, float] = {}
+    for rows in (1, 8, 32):
+        weights = rep.quant_bytes if rep is not None and rows <= 8 else dense_bytes
+        floor[f"{rows}_rows_ms"] = round((weights + rows * args.floor_context * kv_token) / bw / 1e6, 2)
+    out["decode_floor"] = {"weights_mb_quantized": round(rep.quant_bytes / 1e6, 1) if rep else None,
+                           "weights_mb_dense": round(dense_bytes / 1e6, 1),
+                           "kv_kb_per_token": round(kv_token / 1e3, 1), "context": args.floor_context, **floor}
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
 
 
