@@ -280,6 +280,7 @@ async def test_cli_flags_and_built_server(tmp_path):
 
     from aiohttp.test_utils import TestClient, TestServer
 
+    from actorserve.engine import dense
     from actorserve.http import serve_cli
     from actorserve.http.server import build_runtime, make_app
 
@@ -300,6 +301,12 @@ async def test_cli_flags_and_built_server(tmp_path):
         cl = await http.post("/classify", json={"input": "good"})
         assert (gen.status, emb.status, cl.status) == (200, 200, 200)
         assert (await cl.json())["data"][0]["label"] in ("bad", "good")
+        info = await (await http.get("/server_info")).json()
+        # the tiny model's random weights are not 4-bit blocks: auto keeps every step dense
+        assert cfg.model.quantization == "auto" and info["quantization"] is None
+        paths = info["engine_paths"]
+        assert set(paths) == {"decode", "prefill"} and "not exact 4-bit blocks" in paths["decode"]
+        assert ("weights packed at load" in paths["prefill"]) == dense._ops_available()
     bad = serve_cli.config_from_args(p.parse_args(["--model", "tiny", "--kv-blocks", "8",
                                                    "--embedding-model", str(clf)]))
     with pytest.raises(ValueError, match="classifier"):

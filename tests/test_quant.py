@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from actorserve.engine import cbuild, quant
+from actorserve.engine import cbuild, paths, quant
 
 pytestmark = pytest.mark.skipif(cbuild.compiler() is None, reason="no C compiler to build the kernels")
 
@@ -99,13 +99,13 @@ def test_auto_quantizes_only_the_linears_whose_blocks_are_exact():
     assert isinstance(mod.exact.forward, quant.QuantLinear)
     assert "forward" not in vars(mod.lossy)                  # untouched: the class's own forward
     assert rep.describe().startswith("auto -> q4: 1 linears")
-    paths = quant.phase_paths(rep, torch.bfloat16, "asked for")
-    assert paths[f"decode <= {quant.MAX_ROWS} rows"].startswith("q4/q8 C kernels")
-    assert "dense bfloat16" in paths["prefill"]
+    chosen = paths.phase_paths(rep, torch.bfloat16, "asked for")
+    assert chosen[f"decode <= {quant.MAX_ROWS} rows"].startswith("q4/q8 C kernels")
+    assert "dense bfloat16" in chosen["prefill"]
     lossy_only = torch.nn.Module()
     lossy_only.lin = _exact_and_lossy().lossy
     assert quant.quantize_model(lossy_only, "auto") is None          # nothing exact: all dense
-    assert "not exact" in quant.phase_paths(None, torch.float32, "asked for", "auto")["decode"]
+    assert "not exact" in paths.phase_paths(None, torch.float32, "asked for", "auto")["decode"]
     rep = quant.quantize_model(_exact_and_lossy(), "q4")               # q4 takes both, lossy or not
     assert rep.layers == 2 and rep.max_rel_err > 1e-3
 
@@ -257,8 +257,9 @@ def test_default_model_q4_is_its_own_weights_and_decodes_the_same():
     dense = build_engine(model, num_blocks=64, block_size=16)
     prompts = [tok.encode(p) for p in PROMPTS]
     ref = [greedy(dense, p, 16) for p in prompts]
-    qmodel, _, _ = load_model("default", threads=2, quantization="q4")
+    qmodel, _, _ = load_model("default", threads=2, quantization="auto")     # the default
     rep = qmodel.actorserve_quant
+    assert rep.asked == "auto" and rep.mode == "q4"                # its weights are exact blocks
     assert rep.layers == 211 and rep.skipped == 0                  # 210 linears + the LM head
     assert rep.max_rel_err == 0.0                                  # the GGUF's own Q4_1 / Q8_0
     assert rep.quant_bytes < 0.2 * rep.dense_bytes

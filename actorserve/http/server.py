@@ -100,7 +100,7 @@ def build_runtime(config: ServerConfig) -> Built:
     quant = getattr(model, "actorserve_quant", None)
     paths = None
     if getattr(engine, "layers", None) is not None:        # the paged runner (not the HF fallback)
-        from ..engine.quant import phase_paths
+        from ..engine.paths import phase_paths
         paths = phase_paths(quant, dtype, why, mc.quantization, getattr(model, "actorserve_packed", 0))
         for phase, how in paths.items():
             log.info("%s: %s", phase, how)
