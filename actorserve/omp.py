@@ -14,6 +14,18 @@ hundreds of small parallel regions of one step. Measured on 2 cores:
   stage and the SSE writer need between the steps.
 
 So it is not a default. Set it by hand for offline use of the engine.
+
+Measured again on 2026-12-06 (2-core AMD EPYC, q4 up to 8 rows, packed oneDNN for wider steps):
+- a 32-row decode step in the engine alone: 89-92 ms without a spin, 57-60 ms with
+  ``GOMP_SPINCOUNT=100000``. A third of the wide step is waking OpenMP threads for each of its
+  ~250 parallel regions.
+- the server (`benchmarks/peers.py --levels 1:6,8:24,32:64 --max-tokens 128 --ignore-eos
+  --omp-spin 0|100000`): 126.3 / 236.7 / 371.6 tok/s at 1 / 8 / 32 streams without the spin,
+  124.6 / 222.9 / 377.1 with it. In the server the event loop takes one of the two cores in
+  every step, and a parallel region then waits for the thread that lost it.
+
+Still no default spin. Taking that third back in the server needs either fewer, larger parallel
+regions in a wide step, or the HTTP side in another process.
 """
 
 from __future__ import annotations
