@@ -24,8 +24,23 @@ Measured again on 2026-12-06 (2-core AMD EPYC, q4 up to 8 rows, packed oneDNN fo
   124.6 / 222.9 / 377.1 with it. In the server the event loop takes one of the two cores in
   every step, and a parallel region then waits for the thread that lost it.
 
-Still no default spin. Taking that third back in the server needs either fewer, larger parallel
-regions in a wide step, or the HTTP side in another process.
+Why the server did not gain: libgomp counts the threads of every team, and with more than
+there are cores it cuts the spin a thousandfold. The model is loaded on the main thread, whose
+team stays, and the steps run on the step thread with a team of their own. A loop of small
+parallel ops on a worker thread, with ``GOMP_SPINCOUNT=100000``, takes:
+- 17 us an op while the worker is the only OpenMP thread;
+- 57 us once the main thread has a team too, the same as with no spin.
+
+So `serve` now gives the main thread's threads back after loading (`release_idle_threads`).
+With that, in the same server (`peers.py --omp-spin 0|30000 --passes 2`, tok/s at 1 / 8 / 32
+streams):
+- no spin: 133 / 226 / 351;
+- ``GOMP_SPINCOUNT=30000``: 105 / 199 / 456.
+
+The spin takes a 32-stream load 30% further, and costs one stream 21% and eight 12%: during the
+q4 steps the spinning OpenMP thread and the step pool's worker take turns on the core. Still no
+default. Set ``GOMP_SPINCOUNT=30000`` for throughput at many streams. The next step is to keep
+narrow steps off the OpenMP team, so that the spin serves only the wide ones.
 """
 
 from __future__ import annotations
@@ -39,3 +54,27 @@ def apply_defaults() -> None:
     """Set the OMP_ENV values that the environment does not already set (before torch loads)."""
     for key, value in OMP_ENV.items():
         os.environ.setdefault(key, value)
+
+
+def release_idle_threads() -> bool:
+    """Give back the OpenMP threads this thread's parallel regions made (``omp_pause_resource_all``
+    on the libgomp that torch loaded), so that the step thread's team is the process's only one.
+    libgomp counts every team's threads, and when there are more than cores it cuts
+    ``GOMP_SPINCOUNT`` a thousandfold: after a model load on the main thread the step thread's
+    threads slept between parallel regions whatever the spin. Call it on the main thread after
+    loading, before serving. True when libgomp did it."""
+    import ctypes
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "libgomp" in line and "/" in line})
+    except OSError:
+        return False
+    for path in paths:
+        try:
+            fn = ctypes.CDLL(path).omp_pause_resource_all
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.c_int]
+        fn.restype = ctypes.c_int
+        return fn(1) == 0           # omp_pause_soft: the threads go, the settings stay
+    return False

@@ -137,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
     from .server import build_runtime, serve_async
 
     built = build_runtime(config)
+    from ..omp import release_idle_threads
+    release_idle_threads()          # the step thread's OpenMP team: the only one (actorserve.omp)
 
     def ready(url: str) -> None:
         print(f"actorserve serving {built.served_name} at {url}", flush=True)
