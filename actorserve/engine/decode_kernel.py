@@ -45,6 +45,7 @@ class DecodeKernel:
         fn.argtypes = [p, p, p, i, p, i, p, i, i, i, i, i, f, f, p, i]
         fn.restype = ctypes.c_int
         self._fn = fn
+        self.threads = 0        # OpenMP threads for a parallel step (0: torch's count at the call)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor,
             ctx: torch.Tensor, block_size: int, scale: float, softcap: float | None,
@@ -62,7 +63,7 @@ class DecodeKernel:
         ctx = ctx.to(torch.int32).contiguous()
         rc = self._fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), int(k.dtype == torch.bfloat16),
                       table.data_ptr(), table.shape[1], ctx.data_ptr(), D, nkv, g, d, block_size,
-                      float(scale), float(softcap or 0.0), out.data_ptr(), torch.get_num_threads())
+                      float(scale), float(softcap or 0.0), out.data_ptr(), self.threads or torch.get_num_threads())
         if rc != 0:
             raise MemoryError("the decode kernel could not allocate its score buffer")
 

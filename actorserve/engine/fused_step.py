@@ -124,7 +124,7 @@ class FusedStep:
                     attn=kv.scratch("fused_attn", (T, nh * hd)), o=kv.scratch("fused_o", (T, D)),
                     gu=kv.scratch("fused_gu", (T, 2 * I)), act=kv.scratch("fused_act", (T, I)))
         step = _Step(T, D, nh, nkv, hd, I, cos.shape[-1], int(h.dtype == torch.bfloat16), kv.block_size,
-                     table.shape[1], torch.get_num_threads(), r.scale, h.data_ptr(),
+                     table.shape[1], r.threads, r.scale, h.data_ptr(),
                      *(bufs[n].data_ptr() for n in ("x", "qkv", "qf", "of", "attn", "o", "gu", "act")),
                      cos.data_ptr(), sin.data_ptr(), plan.slots.data_ptr(), table.data_ptr(), ctx.data_ptr(),
                      self._attention)

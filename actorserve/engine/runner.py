@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -181,6 +181,7 @@ class PagedLlamaRunner(_SamplingRunner):
         self.family: Family = family
         if threads:
             torch.set_num_threads(int(threads))
+        self.threads = torch.get_num_threads()     # the step's threads; narrow q4 steps run torch on one
         cfg = model.config
         self.model = model.eval()
         self.base = model.model
@@ -197,6 +198,8 @@ class PagedLlamaRunner(_SamplingRunner):
         self.tables = BlockTables(block_size, width=-(-min(num_blocks * block_size, 4096) // block_size))
         # decode attention: the in-place C kernel, or the torch gather + SDPA (`decode_kernel`)
         self.decode_kernel, attention = load_decode_kernel(decode_attention)
+        if self.decode_kernel is not None:
+            self.decode_kernel.threads = self.threads
         self.info = dataclasses.replace(
             engine_info(model, num_blocks=num_blocks, block_size=block_size, tokenizer=tokenizer,
                         model_name=model_name, max_model_len=max_model_len), attention=attention)
@@ -286,7 +289,7 @@ class PagedLlamaRunner(_SamplingRunner):
         nh, nkv, d = self.n_heads, self.n_kv, self.head_dim
         x = self.kv.scratch("glue_x", tuple(h.shape))
         # long contexts: attention goes parallel (OpenMP), so the step pool sleeps through it
-        pause = (self.step_pool is not None and self.decode_kernel is not None and torch.get_num_threads() > 1
+        pause = (self.step_pool is not None and self.decode_kernel is not None and self.threads > 1
                  and sum(int(g.ctx.sum()) for g in plan.decode) * nkv * d >= ATTENTION_PARALLEL_MIN)
         glue.add_rmsnorm(h, None, layers[0].input_layernorm, x)
         for li, layer in enumerate(layers):
@@ -314,7 +317,7 @@ class PagedLlamaRunner(_SamplingRunner):
         if plan.num_tokens == 0:
             return outputs
         if self.step_pool is not None and plan.num_tokens <= MAX_ROWS:
-            with self.step_pool:
+            with self.step_pool, _torch_threads(1):
                 return self._run(plan, batch, outputs)
         return self._run(plan, batch, outputs)
 
@@ -361,6 +364,23 @@ class PagedLlamaRunner(_SamplingRunner):
             first = mine[0]
             first.extra = mine[1:a + 1]
             outputs[i] = first
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """torch's own operations on `n` threads for the block: a narrow q4 step's products run on
+    the step pool's threads, and its few torch operations are tiny, so the OpenMP team stays
+    out of it (a spinning OpenMP thread would take turns on the core with the pool's worker);
+    its attention still gets the runner's thread count (`DecodeKernel.threads`)."""
+    keep = torch.get_num_threads()
+    if keep == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(keep)
 
 
 def build_engine(model: Any, **kw: Any) -> PagedLlamaRunner | HFFallbackRunner:
