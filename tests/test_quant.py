@@ -65,8 +65,8 @@ def test_kernel_equals_the_dense_product_of_the_dequantized_weights(kind, dtype)
         assert got.dtype == dtype and got.shape == (rows, 72)
         tol = 1e-4 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.float(), want.to(dtype).float(), atol=tol, rtol=tol)
-        if rows > quant.MAX_ROWS:   # a wide step's rows are the narrow kernel's, bit for bit
-            assert torch.equal(got[:quant.MAX_ROWS], ql(x[:quant.MAX_ROWS])) or dtype == torch.bfloat16
+        if rows > quant.MAX_ROWS and dtype == torch.float32:   # the same float path: bit for bit
+            assert torch.equal(got[:quant.MAX_ROWS], ql(x[:quant.MAX_ROWS]))
     x3 = torch.randn(2, 3, 160, generator=gen).to(dtype)               # leading dims kept
     assert ql(x3).shape == (2, 3, 72)
     ql.w.max_rows = quant.KERNEL_ROWS

@@ -19,6 +19,7 @@ first linear and packs nothing where oneDNN is missing or disagrees.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -72,7 +73,9 @@ def pack_model(model: Any) -> int:
     """Pack every float32/bfloat16 ``nn.Linear`` of `model` (in its final dtype); a linear whose
     forward the quantizer already replaced keeps it (`quant.QuantLinear` falls back to `linear`
     for its wide steps). Returns how many were packed: 0 where oneDNN is missing or its product
-    disagrees with ``F.linear`` on the first one."""
+    disagrees with ``F.linear`` on the first one, or ``ACTORSERVE_DENSE=plain`` is set (benchmarks)."""
+    if os.environ.get("ACTORSERVE_DENSE", "packed") == "plain":
+        return 0
     if not _ops_available():
         log.info("dense linears: oneDNN not available, plain F.linear")
         return 0

@@ -183,9 +183,8 @@ def load_encoder(spec: str | os.PathLike[str] | None = "embed", *, threads: int 
                                                      for a in archs) else AutoModel
     model = cls.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     model.requires_grad_(False)
-    if os.environ.get("ACTORSERVE_DENSE", "packed") != "plain":
-        from .dense import pack_model          # oneDNN weights packed once (engine.dense)
-        pack_model(model)
+    from .dense import pack_model              # oneDNN weights packed once (engine.dense)
+    pack_model(model)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     engine_kw.setdefault("max_input_tokens", _sentence_max_len(path))
     name = "all-MiniLM-L6-v2" if str(spec) == "embed" else served_name(path)

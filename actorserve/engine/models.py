@@ -231,16 +231,15 @@ def served_name(folder: Path) -> str:
 
 
 def load_model(spec: str | os.PathLike[str] | None = None, *, threads: int | None = None,
-               dtype: Any = None, quantization: str | None = None, pack: bool = True) -> tuple[Any, Any, Path]:
+               dtype: Any = None, quantization: str | None = None) -> tuple[Any, Any, Path]:
     """Load a causal LM and its tokenizer from `spec` (see `resolve_model`); fp32 by default.
 
     ``threads`` sets torch's intra-op thread count (``OMP_WAIT_POLICY=PASSIVE`` must already
     be in the environment before torch was first imported; the CLI does that).
     ``quantization`` (`engine.quant`, e.g. ``q4``): the weights are quantized from their
     float32 values (exact for a GGUF-converted model), then the model is cast to `dtype`;
-    the report is ``model.actorserve_quant``. ``pack``: the dense linears' weights are packed
-    once for oneDNN (`engine.dense`; ``ACTORSERVE_DENSE=plain`` turns it off), their count in
-    ``model.actorserve_packed``.
+    the report is ``model.actorserve_quant``. The dense linears' weights are packed once for
+    oneDNN (`engine.dense`), their count in ``model.actorserve_packed``.
     """
     path = resolve_model(spec)
     _offline()
@@ -260,10 +259,8 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, threads: int | Non
             model.to(dtype)
     model.eval()
     model.requires_grad_(False)
-    model.actorserve_packed = 0
-    if pack and os.environ.get("ACTORSERVE_DENSE", "packed") != "plain":
-        from .dense import pack_model            # oneDNN weights packed once (engine.dense)
-        model.actorserve_packed = pack_model(model)
+    from .dense import pack_model                # oneDNN weights packed once (engine.dense)
+    model.actorserve_packed = pack_model(model)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     model.actorserve_name = served_name(path)
     return model, tok, path

@@ -105,11 +105,10 @@ def _needs_truncation(seq: Sequence) -> bool:
 _WIDTHS = (256, 4096)
 
 
-def _masks(values: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, seqs: list[Sequence]
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def _masks(values: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Top-k, top-p and min-p over the first ``W`` tokens of each row in descending order
-    (`values`), the probabilities under ``lse`` (the log-normaliser of the row after top-k).
-    Returns (keep mask, probabilities)."""
+    (`values`), the probabilities under ``lse`` (the log-normaliser of the row after top-k):
+    the keep mask."""
     width = values.shape[1]
     keep = torch.arange(width, device=values.device) < k.unsqueeze(1)
     probs = torch.exp(values - lse.unsqueeze(1)).masked_fill_(~keep, 0.0)
@@ -120,7 +119,7 @@ def _masks(values: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, seqs: list[
     min_p = torch.tensor([s.sampling.min_p for s in seqs], dtype=probs.dtype, device=probs.device)
     keep &= probs >= (min_p * probs[:, 0]).unsqueeze(1)
     keep[:, 0] = True
-    return keep, probs
+    return keep
 
 
 def _truncate(scaled: torch.Tensor, seqs: list[Sequence]
@@ -152,7 +151,7 @@ def _truncate(scaled: torch.Tensor, seqs: list[Sequence]
         if not bool(inside.all()):
             lse = torch.where(inside, lse, torch.logsumexp(sub, dim=-1))
         row_seqs = [seqs[i] for i in left]
-        keep, _ = _masks(values, k, lse, row_seqs)
+        keep = _masks(values, k, lse, row_seqs)
         done = (~keep[:, -1]) | (width == vocab)
         probs = torch.softmax(values.masked_fill(~keep, float("-inf")), dim=-1)
         if bool(done.all()):

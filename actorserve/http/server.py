@@ -44,7 +44,7 @@ class Built:
     pool_models: Any = None            # target -> http.pooling.PoolModel (embed, rerank, classify)
     dtype_reason: str = ""             # why --dtype chose what it did ("auto: the CPU has amx_bf16")
     quantization: str | None = None    # what --quantization did (engine.quant.QuantReport.describe)
-    paths: dict[str, str] | None = None  # which arithmetic each kind of step takes (engine.quant.phase_paths)
+    paths: dict[str, str] | None = None  # which arithmetic each kind of step takes (engine.paths.phase_paths)
 
 
 def kv_bytes_per_block(model_config: Any, block_size: int, dtype_bytes: int = 4) -> int:

@@ -280,7 +280,6 @@ typedef struct {
     void *y;
 } job_t;
 
-static void run_rows(const job_t *j);
 static void run_rows(const job_t *j) {
     const int M = j->M, K = j->K, N = j->N, G = j->G;
     const float *xf = j->xf, *xs = j->xs;
