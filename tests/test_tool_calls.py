@@ -99,6 +99,41 @@ async def test_named_and_required_calls_validate_and_stream_the_same(smol):
         await settle(rt)
 
 
+async def test_required_call_ends_the_turn_and_a_cut_call_is_not_content(smol):
+    """Issue 29's defect: after a call the model's habit is a newline; when the newline was the
+    grammar's separator it committed the model to a second call, and a third, until max_tokens
+    ("length", the cut call's raw text in content). Now the turn ends after the call."""
+    paris = [{"role": "user", "content": "What is the weather in Paris?"}]
+    city = [{"type": "function", "function": {"name": "get_weather", "description": "Get the weather for a city",
+                                              "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                             "required": ["city"]}}}]
+    async with serve(smol, name=NAME) as (http, rt):
+        oa = client(http)
+        out = await oa.chat.completions.create(model=NAME, messages=paris, tools=city, tool_choice="required",
+                                               temperature=0, max_tokens=60)
+        choice = out.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.content is None
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == \
+            [("get_weather", {"city": "Paris"})]
+        assert out.usage.completion_tokens < 60
+        # cut inside the call by max_tokens: "length", and the unfinished call is not content
+        for stream in (False, True):
+            cut = await oa.chat.completions.create(model=NAME, messages=paris, tools=city, tool_choice="required",
+                                                   temperature=0, max_tokens=8, stream=stream)
+            if stream:
+                content, finish = "", None
+                async for chunk in cut:
+                    if chunk.choices:
+                        content += chunk.choices[0].delta.content or ""
+                        finish = chunk.choices[0].finish_reason or finish
+            else:
+                content, finish = cut.choices[0].message.content or "", cut.choices[0].finish_reason
+            assert finish == "length" and "<tool_call>" not in content, (stream, content)
+        await oa.close()
+        await settle(rt)
+
+
 async def test_tool_history_renders_in_the_models_format(smol):
     async with serve(smol, name=NAME) as (http, rt):
         oa = client(http)

@@ -176,7 +176,7 @@ def test_structural_tag_shapes() -> None:
         "end": "}\n</tool_call>"}
     assert auto["tags"][1]["content"]["json_schema"] == {"type": "object"}
     req = hermes.structural_tag(TOOLS, required=True, parallel=False)["format"]
-    assert req["type"] == "tags_with_separator" and req["separator"] == "\n"
+    assert req["type"] == "tags_with_separator" and req["separator"] == ""
     assert req["at_least_one"] is True and req["stop_after_first"] is True
     named = hermes.structural_tag(TOOLS, name="now")["format"]
     assert len(named["tags"]) == 1 and named["stop_after_first"] is True

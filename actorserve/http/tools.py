@@ -44,14 +44,22 @@ class ToolPlan:
     def parses(self) -> bool:
         return self.parser is not None and self.mode != "none"
 
+    @property
+    def calls_only(self) -> bool:
+        """"required" or a named tool: the grammar admits calls and nothing else, so text that
+        does not parse as a call is an unfinished one (cut by max_tokens), never content."""
+        return self.mode in ("required", "named")
+
     def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """A choice's assistant message from its whole text, and its finish reason."""
         if not self.parses:
             return {"role": "assistant", "content": text}, finish_reason
         assert self.parser is not None
         content, calls = self.parser.parse(text)
+        if self.calls_only:
+            content = ""
         if not calls:
-            return {"role": "assistant", "content": text}, finish_reason
+            return {"role": "assistant", "content": content if self.calls_only else text}, finish_reason
         msg = {"role": "assistant", "content": content or None, "tool_calls": [_call(c) for c in calls]}
         return msg, ("tool_calls" if finish_reason == "stop" else finish_reason)
 
@@ -108,12 +116,15 @@ class DeltaStream:
     def feed(self, text: str) -> list[dict[str, Any]]:
         if self._stream is None:
             return [{"content": text}] if text else []
-        return [_delta(d) for d in self._stream.feed(text)]
+        return self._deltas(self._stream.feed(text))
 
     def finish(self) -> list[dict[str, Any]]:
         if self._stream is None:
             return []
-        return [_delta(d) for d in self._stream.finish()]
+        return self._deltas(self._stream.finish())
+
+    def _deltas(self, found: list[ContentDelta | ToolCallDelta]) -> list[dict[str, Any]]:
+        return [_delta(d) for d in found if not (self.plan.calls_only and isinstance(d, ContentDelta))]
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if self.called and reason == "stop" else reason
