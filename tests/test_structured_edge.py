@@ -59,7 +59,7 @@ async def test_native_and_completion_constraints_are_checked_too(tiny):
              "sampling_params.1.json_schema"),
             ("/generate", {"text": "x", "sampling_params": {"structural_tag": {"structures": []}}},
              "sampling_params.structural_tag"),
-            ("/generate", {"text": "x", "sampling_params": {"min_new_tokens": 2}}, "sampling_params.min_new_tokens"),
+            ("/generate", {"text": "x", "sampling_params": {"min_new_tokens": -1}}, "sampling_params.min_new_tokens"),
             ("/generate", {"text": "x", "lora_path": "a"}, "lora_path"),
             ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix"),
             ("/v1/completions", {"prompt": "x", "response_format": {"type": "xml"}}, "response_format.type"),

@@ -251,6 +251,9 @@ class Runtime:
         deadline = self._deadline(deadline_s, is_probe)
         sp = sampling or SamplingParams()
         seq = Sequence(rid, prompt_ids, sampling=sp, is_probe=is_probe, arrival=self.clock.now())
+        if sp.min_tokens:
+            eos = () if sp.ignore_eos else tuple(self.engine_info.eos_token_ids)
+            seq.min_stop_ids = tuple(dict.fromkeys((*sp.stop_token_ids, *eos)))
         if self.recorder is not None:
             self._request_input("generate", seq, sp, "session", session, deadline)
         if detokenizer is None and self.new_detokenizer is not None:

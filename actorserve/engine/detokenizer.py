@@ -30,11 +30,15 @@ into U+FFFD, including valid bytes before the bad one, which no streaming decode
 reproduce without unbounded hold-back; we emit the valid prefix. Valid text always matches
 ``tokenizer.decode`` exactly.
 
-**Text layer (stop strings).** Stable text goes through a hold-back buffer: the longest
-tail that is a proper prefix of some stop string is held, so no part of a stop string is
-emitted before the stop can be recognised. When a stop string appears, text is truncated
-before it (or after it with ``include_stop``), ``stopped`` is set, and every later ``add``
-returns ``""``. ``finish()`` flushes the held tail, including a trailing partial
+**Text layer (stop strings and patterns).** Stable text goes through a hold-back buffer: the
+longest tail that is a proper prefix of some stop string is held, and for a stop pattern
+(SGLang's ``stop_regex``) the tail from where a match could still complete (the ``regex``
+package's partial matching: ``[0-9]+[.]`` holds "12" until a character that cannot continue it),
+so no part of a stop is emitted before the stop can be recognised. When a stop string or a
+pattern's match appears (the earliest), text is truncated before it (or after it with
+``include_stop``), ``stopped`` is set (the string, or the pattern), and every later ``add``
+returns ``""``. Before ``min_tokens`` tokens nothing is held or looked for (vLLM's rule: a
+stop ends a request only once its minimum is out). ``finish()`` flushes the held tail, including a trailing partial
 character as U+FFFD, exactly as ``tokenizer.decode`` would render it.
 
 Works with a HF tokenizer or anything exposing one as ``.hf`` (our `TextTokenizer`).
@@ -45,6 +49,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+import regex as _regex      # transformers' own dependency; partial matches for stop patterns
 
 __all__ = ["IncrementalDetokenizer", "special_token_ids"]
 
@@ -77,6 +83,8 @@ class IncrementalDetokenizer:
         stop: Iterable[str] = (),
         include_stop: bool = False,
         special_ids: frozenset[int] | None = None,
+        stop_regex: Iterable[str] = (),
+        min_tokens: int = 0,
     ) -> None:
         self._hf = getattr(tokenizer, "hf", tokenizer)
         # A fast (Rust) tokenizer decodes with its backend: `hf.decode(ids, clean_up=False)` is
@@ -87,6 +95,8 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self.stop: tuple[str, ...] = tuple(s for s in stop if s)
         self.include_stop = include_stop
+        self.stop_regex = tuple(_regex.compile(p) for p in stop_regex) if stop_regex else ()
+        self.min_tokens = min_tokens
         if skip_special_tokens:
             self._skip = special_ids if special_ids is not None else special_token_ids(self._hf)
         else:
@@ -175,25 +185,38 @@ class IncrementalDetokenizer:
                 return
 
     def _push(self, chunk: str, *, final: bool) -> str:
-        """Text layer: hold back possible stop-string prefixes, detect stops."""
-        if not self.stop:
-            return self._emit(chunk)
+        """Text layer: hold back possible stop-string prefixes and partial stop-pattern
+        matches, detect stops (not before ``min_tokens`` tokens: vLLM's rule)."""
+        if not (self.stop or self.stop_regex) or self.num_tokens < self.min_tokens:
+            return self._emit(self._take_held() + chunk)
         buf = self._held + chunk
-        hit_at, hit = -1, None
+        hit_at, hit_end, hit = -1, -1, None
         for s in self.stop:
             at = buf.find(s)
-            if at != -1 and (hit_at == -1 or at < hit_at or (at == hit_at and len(s) > len(hit))):
-                hit_at, hit = at, s
+            if at != -1 and (hit_at == -1 or at < hit_at or (at == hit_at and at + len(s) > hit_end)):
+                hit_at, hit_end, hit = at, at + len(s), s
+        for pat in self.stop_regex:
+            m = pat.search(buf)
+            if m is not None and (hit_at == -1 or m.start() < hit_at):
+                hit_at, hit_end, hit = m.start(), m.end(), pat.pattern
         if hit is not None:
             self.stopped = hit
             self._held = ""
-            return self._emit(buf[:hit_at + len(hit)] if self.include_stop else buf[:hit_at])
+            return self._emit(buf[:hit_end] if self.include_stop else buf[:hit_at])
         if final:
             self._held = ""
             return self._emit(buf)
         hold = self._held_tail(buf)
+        for pat in self.stop_regex:      # a match may still complete from this point on
+            m = pat.search(buf, partial=True)
+            if m is not None:
+                hold = max(hold, len(buf) - m.start())
         self._held = buf[len(buf) - hold:] if hold else ""
         return self._emit(buf[:len(buf) - hold])
+
+    def _take_held(self) -> str:
+        held, self._held = self._held, ""
+        return held
 
     def _held_tail(self, buf: str) -> int:
         """Length of the longest tail of ``buf`` that is a proper prefix of a stop string."""

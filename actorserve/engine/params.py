@@ -28,8 +28,14 @@ class SamplingParams:
     presence_penalty: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # SGLang's stop_regex: patterns searched in the output text; the earliest match ends the
+    # request like a stop string (the text is cut before it unless `include_stop`).
+    stop_regex: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # vLLM's min_tokens / SGLang's min_new_tokens: until this many tokens are out, EOS and
+    # `stop_token_ids` cannot be drawn (masked) and stop strings and patterns are not looked for.
+    min_tokens: int = 0
     n: int = 1
     logprobs: bool = False
     top_logprobs: int = 0
@@ -58,6 +64,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
             raise ParamError(f"max_tokens must be >= 0, got {self.max_new_tokens}")
+        if not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ParamError(f"min_tokens must be in [0, max_tokens={self.max_new_tokens}], got {self.min_tokens}")
         if self.temperature < 0:
             raise ParamError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

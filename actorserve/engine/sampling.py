@@ -9,7 +9,8 @@ in a fixed pipeline (the same order as HF's logits processors / vLLM's sampler):
    logits exactly as the model produced them, before any bias, mask, penalty or temperature.
    The OpenAI ``logprobs`` / ``top_logprobs`` fields report the model's distribution.
 2. **Constraints** (rows that have them, on a copy): ``logit_bias`` is added (OpenAI
-   semantics), then a constrained row's grammar bitmask sets every token it cannot accept next
+   semantics), the ids that would end a row still short of its ``min_tokens`` are set to
+   ``-inf`` (`Sequence.stop_ids_masked`), then a constrained row's grammar bitmask sets every token it cannot accept next
    to ``-inf`` (`engine.grammar.mask_rows`; the matcher itself advances after the draw, in
    the runner). So every later stage, greedy included, sees only allowed tokens.
 3. **Penalties** (rows with non-default values only, one small scatter per row over the ids
@@ -170,7 +171,7 @@ def _plan(logits: torch.Tensor, seqs: list[Sequence]):
         raise ValueError(f"logits must be [B, V] with B == len(seqs); got {tuple(logits.shape)} "
                          f"for {len(seqs)} sequences")
     raw = logits = logits.float()
-    if any(s.sampling.logit_bias or s.grammar is not None for s in seqs):
+    if any(s.sampling.logit_bias or s.grammar is not None or s.stop_ids_masked() for s in seqs):
         logits = logits.clone()           # raw stays the model's own distribution
         apply_constraints(logits, seqs)
     if any(s.sampling.repetition_penalty != 1.0 or s.sampling.frequency_penalty != 0.0
@@ -194,6 +195,9 @@ def apply_constraints(logits: torch.Tensor, seqs: list[Sequence]) -> None:
             val = torch.tensor([b for _, b in bias], dtype=logits.dtype, device=logits.device)
             keep = idx < vocab
             logits[i].index_add_(0, idx[keep], val[keep])
+        banned = seq.stop_ids_masked()            # min_tokens: no end before it
+        if banned:
+            logits[i, [t for t in banned if t < vocab]] = float("-inf")
     if any(s.grammar is not None for s in seqs):
         from .grammar import mask_rows     # xgrammar loads only for constrained requests
         mask_rows(logits, seqs)

@@ -19,7 +19,7 @@ class Sequence:
         "rid", "kind", "prompt_ids", "output_ids", "num_computed", "num_cached",
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
         "grammar", "prompt_lp", "prompt_hashes", "prompt_hash_key",
-        "penalty_state", "draft", "spec_index", "table_epoch",
+        "penalty_state", "draft", "spec_index", "table_epoch", "min_stop_ids",
     )
 
     def __init__(
@@ -64,6 +64,14 @@ class Sequence:
         # and the n-gram index they are proposed from.
         self.draft: list[int] = []
         self.spec_index: Any = None
+        # The token ids that would end it (stop_token_ids, and EOS unless ignored), masked by
+        # the sampler while fewer than `sampling.min_tokens` are out (set by whoever knows the
+        # model's EOS: the runtime at submission).
+        self.min_stop_ids: tuple[int, ...] = ()
+
+    def stop_ids_masked(self) -> tuple[int, ...]:
+        """The ids the sampler must not draw at this step (`min_stop_ids` until min_tokens)."""
+        return self.min_stop_ids if len(self.output_ids) < self.sampling.min_tokens else ()
 
     @property
     def num_tokens(self) -> int:

@@ -110,7 +110,8 @@ class TextTokenizer:
         """The detokenizer a request with sampling parameters `sp` needs (the runtime's factory:
         stop strings and special-token skipping come from the request)."""
         return self.new_detokenizer(stop=sp.stop, skip_special_tokens=sp.skip_special_tokens,
-                                    include_stop=sp.include_stop)
+                                    include_stop=sp.include_stop, stop_regex=sp.stop_regex,
+                                    min_tokens=sp.min_tokens)
 
     # ------------------------------------------------------------ chat template
 

@@ -8,6 +8,10 @@
   last chunk.
 * `truncate_prompt`: vLLM's ``truncate_prompt_tokens``: keep the last k tokens of the prompt
   (``-1``: as many as the context holds); more than the context is a 400.
+* `best_of`: OpenAI's ``best_of`` on ``/v1/completions``: ``best_of`` candidates are generated
+  per prompt and the ``n`` with the highest log probability per token are answered (OpenAI's
+  rule), in that order; usage counts every candidate's tokens (all were generated). At least
+  ``n``; more than ``n`` cannot be streamed (which candidates win is known only at the end).
 * `ChunkUsage`: vLLM's ``stream_options.continuous_usage_stats`` (with ``include_usage``): every
   streamed chunk carries the usage so far of its choice; the final usage chunk still comes.
 * `model_cards`: ``/v1/models`` entries in vLLM's shape (``root``, ``parent``,
@@ -47,6 +51,47 @@ def truncate_prompt(ids: list[int], k: int | None, cap: int) -> list[int]:
                             f"context length ({cap}); select a smaller truncation size",
                        param="truncate_prompt_tokens")
     return ids[len(ids) - k:] if k < len(ids) else ids
+
+
+class BestOf:
+    """A completions request's ``best_of`` (`best_of`): ``candidates`` engine requests per
+    prompt, of which `pick` keeps the best ``n``."""
+
+    __slots__ = ("n", "candidates")
+
+    def __init__(self, n: int, candidates: int) -> None:
+        self.n, self.candidates = n, candidates
+
+    @property
+    def extra(self) -> bool:
+        return self.candidates > self.n
+
+    def pick(self, outs: list[Any]) -> list[Any]:
+        """Per prompt (consecutive runs of ``candidates`` outputs) the ``n`` best, best first."""
+        kept: list[Any] = []
+        for at in range(0, len(outs), self.candidates):
+            group = outs[at:at + self.candidates]
+            kept += sorted(group, key=_mean_logprob, reverse=True)[:self.n]
+        return kept
+
+
+def _mean_logprob(out: Any) -> float:
+    lps = [lp for _, lp, *_ in (out.logprobs or ()) if lp is not None]
+    return sum(lps) / len(lps) if lps else float("-inf")
+
+
+def best_of(body: Any, n: int) -> BestOf:
+    """Check ``best_of`` against ``n`` and ``stream`` (OpenAI's rules)."""
+    k = body.best_of
+    if k is None or k == n:
+        return BestOf(n, n)
+    if k < n:
+        raise APIError(400, f"best_of must be greater than or equal to n; got best_of={k}, n={n}",
+                       param="best_of")
+    if body.stream:
+        raise APIError(400, "best_of > n cannot be streamed: the best choices are known only when "
+                            "every candidate has finished", param="best_of")
+    return BestOf(n, k)
 
 
 class ChunkUsage:

@@ -18,6 +18,10 @@ field                          where                                      kind
 ``guided_regex``               vLLM alias                                  ``regex``
 ``guided_grammar``             vLLM alias                                  ``ebnf``
 ``guided_choice``              vLLM alias: one of these strings exactly    ``ebnf``
+``structured_outputs``         vLLM's current form, an object with one of  as its member:
+                               ``json`` | ``regex`` | ``choice`` |         ``json_schema``,
+                               ``grammar`` | ``json_object`` |             ``regex``, ``ebnf``,
+                               ``structural_tag``                          ``ebnf``, ...
 =============================  =========================================  =================
 
 A request carries at most one: two at once, an unknown ``response_format.type``, a
@@ -36,7 +40,13 @@ from .errors import FieldError
 __all__ = ["pick_constraint", "compile_constraint", "CONSTRAINT_FIELDS"]
 
 CONSTRAINT_FIELDS = ("response_format", "json_schema", "regex", "ebnf", "structural_tag",
-                     "guided_json", "guided_regex", "guided_grammar", "guided_choice")
+                     "guided_json", "guided_regex", "guided_grammar", "guided_choice", "structured_outputs")
+# vLLM's StructuredOutputsParams: its constraint members (one exactly), as the alias each is
+STRUCTURED_MEMBERS = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice",
+                      "grammar": "guided_grammar", "structural_tag": "structural_tag"}
+# and its options, accepted at the value that changes nothing here
+STRUCTURED_NOOP = {"disable_any_whitespace": False, "disable_additional_properties": False,
+                   "whitespace_pattern": None}
 MAX_SPEC_CHARS = 1 << 20
 MAX_CHOICES = 1024
 
@@ -96,7 +106,38 @@ def _choice(value: Any, param: str) -> tuple[str, str]:
     return ("ebnf", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value))
 
 
+def _structured_outputs(value: Any, param: str) -> tuple[str, str]:
+    """vLLM's ``structured_outputs``: exactly one constraint member (vLLM's rule), options at
+    their defaults only (whitespace control is xgrammar's default here)."""
+    if not isinstance(value, dict):
+        raise FieldError(param, f"{param} must be an object such as {{\"json\": {{...}}}}")
+    members = [k for k in (*STRUCTURED_MEMBERS, "json_object") if value.get(k) is not None]
+    for key, v in value.items():
+        if key in STRUCTURED_MEMBERS or key == "json_object":
+            continue
+        if key not in STRUCTURED_NOOP:
+            raise FieldError(f"{param}.{key}", f"unknown structured_outputs field {key!r}; use one of "
+                                               f"{', '.join((*STRUCTURED_MEMBERS, 'json_object'))}")
+        if v is not None and v != STRUCTURED_NOOP[key]:
+            raise FieldError(f"{param}.{key}", f"{param}.{key} is not supported by this server "
+                                               f"(leave it {json.dumps(STRUCTURED_NOOP[key])})")
+    if len(members) != 1:
+        raise FieldError(param, "You can only use one kind of structured outputs constraint but multiple are "
+                                f"specified: {', '.join(members)}" if members else
+                                "You must use one kind of structured outputs constraint but none are specified")
+    key = members[0]
+    if key == "json_object":
+        if value[key] is not True:
+            raise FieldError(f"{param}.json_object", "structured_outputs.json_object must be true")
+        return ("json_object", "")
+    grammar = _one(STRUCTURED_MEMBERS[key], value[key], f"{param}.{key}")
+    assert grammar is not None
+    return grammar
+
+
 def _one(name: str, value: Any, param: str) -> tuple[str, str] | None:
+    if name == "structured_outputs":
+        return _structured_outputs(value, param)
     if name == "response_format":
         return _response_format(value, param)
     if name in ("json_schema", "guided_json"):

@@ -7,7 +7,9 @@ Its answer is ``{text, output_ids, meta_info{id, finish_reason{type}, prompt_tok
 completion_tokens, cached_tokens, e2e_latency}}``, with SGLang's logprob fields when
 ``return_logprob`` (`logprobs.SGLangLogprobs`); streamed, each SSE event carries the
 *cumulative* text, ids and logprobs so far (as SGLang does), with ``index`` in a batch, then
-``[DONE]``.
+``[DONE]``. ``max_new_tokens: 0`` runs the prompt only (SGLang's way to score a prompt: its
+``input_token_logprobs``): the prefill's one sampled token is not answered, the finish is
+``{type: length, length: 0}`` (`prompt_only`).
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ def finish_reason(out: Any) -> dict[str, Any]:
     return reason
 
 
-def _meta(job: Job, out: Any, finished: bool) -> dict[str, Any]:
+def _meta(job: Job, out: Any, finished: bool, weights: str) -> dict[str, Any]:
     reason = finish_reason(out) if finished else None
     meta = {"id": job.rid, "finish_reason": reason, "prompt_tokens": out.prompt_tokens,
             "completion_tokens": out.completion_tokens, "cached_tokens": out.cached_tokens,
+            "weight_version": weights,     # SGLang's: which weights answered ("default" at load)
             "e2e_latency": round(job.timer.elapsed, 6) if job.timer is not None else None}
     spec = getattr(out, "spec", None)
     if spec is not None:           # it speculated (--speculative): SGLang's spec_verify_ct and more
@@ -59,6 +62,14 @@ def _meta(job: Job, out: Any, finished: bool) -> dict[str, Any]:
         meta.update(spec_verify_ct=steps, spec_draft_tokens=drafts, spec_accepted_tokens=accepted,
                     spec_accept_rate=round(accepted / drafts, 6) if drafts else 0.0)
     return meta
+
+
+def prompt_only(out: Any) -> Any:
+    """The output of a ``max_new_tokens: 0`` request: the prefill ran (prompt logprobs, cached
+    tokens), the token it sampled is not part of the answer."""
+    return dataclasses.replace(out, text="", token_ids=[], logprobs=None, completion_tokens=0,
+                               finish_reason="length" if out.finish_reason in ("stop", "length")
+                               else out.finish_reason, matched_stop=None)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -70,6 +81,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in items]
     group = RequestGroup(ctx, "generate", deadline_s=body.request_timeout)
     params, constraints, logs = [], {}, []
+    zero: set[int] = set()           # inputs with max_new_tokens 0 (`prompt_only`)
     field = "text" if body.text is not None else "input_ids"
     for i, ids in enumerate(prompts):     # every input before the first is submitted
         ns = body.params_for(i, len(prompts))
@@ -81,6 +93,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
         logs.append(NativeLogprobs.of(body, i, len(prompts), len(ids)))
         params.append(dataclasses.replace(ns.to_params(128, grammar=picked[0] if picked else None),
                                           **logs[-1].sampling()))
+        if params[-1].max_new_tokens == 0:      # the prefill samples one token: not answered
+            params[-1] = dataclasses.replace(params[-1], max_new_tokens=1)
+            zero.add(i)
         check_sampling(ctx, params[-1], ns.logit_bias,
                        f"sampling_params.{i}." if isinstance(body.sampling_params, list) else "sampling_params.")
     check_fanout(sum(sp.n for sp in params), "sampling_params.n")
@@ -90,7 +105,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     sess = body.session_params
     if sess is not None and (batch or not isinstance(body.rid, (str, type(None)))):
         raise APIError(400, "session_params takes one input with n = 1", param="session_params")
+    if sess is not None and zero:
+        raise APIError(400, "a session request generates at least one token (max_new_tokens >= 1)",
+                       param="sampling_params.max_new_tokens")
+    zero_jobs: set[int] = set()      # job indices of those inputs
     lp_of: dict[int, Any] = {}       # job index -> its SGLang logprob fields (return_logprob)
+    weights = str(ctx.extra.get("weight_version", "default"))
     with_text = body.return_text_in_logprobs
     async with group:
         if sess is not None:
@@ -103,11 +123,15 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 break
             for job in group.submit_n(ids, sp, rid=body.rid_for(i, len(prompts), batch)):
                 lp_of[job.index] = logs[i].collector(ctx, ids, with_text)
+                if i in zero:
+                    zero_jobs.add(job.index)
         if not body.stream:
             outs = await group.collect_all()
             results = []
             for job, out in zip(group.jobs, outs):
-                r = {"text": out.text, "output_ids": out.token_ids, "meta_info": _meta(job, out, True)}
+                if job.index in zero_jobs:
+                    out = prompt_only(out)
+                r = {"text": out.text, "output_ids": out.token_ids, "meta_info": _meta(job, out, True, weights)}
                 if lp_of[job.index] is not None:
                     lp_of[job.index].add(out)
                     r["meta_info"].update(lp_of[job.index].meta())
@@ -118,6 +142,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         ids_so_far: dict[int, list[int]] = {j.index: [] for j in group.jobs}
         async with contextlib.aclosing(group.iterate()) as outputs:
             async for job, out in outputs:
+                if job.index in zero_jobs:
+                    if not out.finished:
+                        continue
+                    out = prompt_only(out)
                 texts[job.index] += out.text
                 ids_so_far[job.index].extend(out.token_ids)
                 lps = lp_of[job.index]
@@ -128,7 +156,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 cum = dataclasses.replace(out, completion_tokens=out.completion_tokens
                                           or len(ids_so_far[job.index]))
                 event = {"text": texts[job.index], "output_ids": list(ids_so_far[job.index]),
-                         "meta_info": _meta(job, cum, out.finished)}
+                         "meta_info": _meta(job, cum, out.finished, weights)}
                 if lps is not None:          # cumulative, like the text (SGLang's default)
                     event["meta_info"].update(lps.meta())
                 if batch:

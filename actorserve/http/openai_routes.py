@@ -12,6 +12,7 @@ and vLLM's extras (``matched_stop`` / ``stop_reason``, ``continuous_usage_stats`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import uuid
 from typing import Any
@@ -20,7 +21,7 @@ from aiohttp import web
 
 from ..messages import RequestOutput
 from . import sse
-from .compat import ChunkUsage, model_cards, stop_fields, truncate_prompt
+from .compat import BestOf, ChunkUsage, best_of, model_cards, stop_fields, truncate_prompt
 from .constraints import compile_constraint, pick_constraint
 from .errors import APIError, FieldError
 from .generation import (
@@ -83,7 +84,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     model = resolve_model(ctx, body.model)
     check_accepting(ctx)
     plan = plan_tools(body, ctx.tokenizer, ctx.config.tool_call_parser)
-    ids = ctx.tokenizer.apply_chat_template(plan.messages, **plan.template_kwargs)
+    ids = ctx.tokenizer.apply_chat_template(plan.messages, **plan.template_kwargs, **body.template_kwargs())
     ids = truncate_prompt(ids, body.truncate_prompt_tokens, ctx.capacity)
     group = RequestGroup(ctx, "chat", deadline_s=body.request_timeout)
     sess = body.session_params or (SessionParams(id=body.session_id) if body.session_id else None)
@@ -192,6 +193,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     constraint = _grammar(body)
     grammar = constraint[0] if constraint else None
     params = [body.sampling(group.default_max(ids), grammar) for ids in prompts]
+    best = best_of(body, params[0].n)
+    if best.extra:    # the candidates' own logprobs rank them; the answer shows them only if asked
+        params = [dataclasses.replace(sp, n=best.candidates, logprobs=True) for sp in params]
     _no_stream_prompt_logprobs(body)
     for i, ids in enumerate(prompts):     # every prompt before the first is submitted
         check_prompt(ctx, ids, "prompt" if isinstance(body.prompt, str) or len(prompts) == 1 else f"prompt.{i}")
@@ -206,7 +210,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         for i, (ids, sp) in enumerate(zip(prompts, params)):
             rid = None if body.rid is None else (body.rid if len(prompts) == 1 else f"{body.rid}-{i}")
             group.submit_n(ids, sp, rid=rid)
-        n = params[0].n
+        n = params[0].n       # engine requests per prompt (best_of's candidates included)
         n_prompt = sum(len(p) for p in prompts)
         eos = ctx.runtime.engine_info.eos_token_ids
         usage = ChunkUsage(body.continuous_usage, {i: len(prompts[i // n]) for i in range(len(group.jobs))})
@@ -223,6 +227,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
         if not body.stream:
             outs = await group.collect_all()
             _fail_if_error(outs)
+            used = _usage(outs, n_prompt)          # every candidate's tokens were spent
+            if best.extra:
+                outs = best.pick(outs)
+                n = best.n
+                if body.logprobs is None:
+                    for o in outs:
+                        o.logprobs = None
             choices = [{"index": i, "text": echo[i // n] + o.text,
                         "logprobs": completion_logprobs(ctx, o.logprobs, offsets_for(i), echoed(o)),
                         "finish_reason": o.finish_reason} for i, o in enumerate(outs)]
@@ -232,8 +243,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             for c, o in zip(choices, outs):
                 c.update(stop_fields(o, o.finish_reason, params[0].stop_token_ids, eos))
             return web.json_response({"id": cid, "object": "text_completion", "created": created,
-                                      "model": model, "choices": choices,
-                                      "usage": _usage(outs, n_prompt)})
+                                      "model": model, "choices": choices, "usage": used})
         resp = await sse.open_sse(request)
         finals: list[RequestOutput] = []
         offsets: dict[int, TextOffsets] = {}      # per choice, from its first chunk on

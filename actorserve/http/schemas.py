@@ -38,7 +38,7 @@ from pydantic import (
 
 from ..engine.params import SamplingParams
 from .errors import FieldError
-from .router_compat import drop_router_defaults
+from .noop_fields import drop_noop_fields
 from .safe_json import read_json
 
 __all__ = ["read_json"]      # re-exported: the routes read bodies through here
@@ -59,6 +59,10 @@ MAX_SESSION_TIMEOUT_S = 30 * 86400.0
 Number = Union[StrictInt, StrictFloat]
 Seed = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
 MaxTokens = Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]   # 0 would still produce one token
+# SGLang's max_new_tokens: 0 runs the prompt only (its logprobs), no token generated
+MaxNewTokens = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
+MinTokens = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]   # vLLM's min_tokens, SGLang's min_new_tokens
+DEFAULT_COMPLETION_TOKENS = 16     # /v1/completions without max_tokens: OpenAI's, vLLM's, SGLang's
 # A request's own deadline in seconds (actorserve extra; else --request-timeout): past it the
 # request is aborted, finish_reason "timeout".
 RequestTimeout = Annotated[Number, Field(gt=0, le=MAX_TIMEOUT_S)]
@@ -77,6 +81,10 @@ TokenIds = list[TokenId]
 TruncatePrompt = Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)]   # -1: the context size
 StopStr = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]
 Stop = Union[StopStr, Annotated[list[StopStr], Field(max_length=MAX_STOP)]]
+# SGLang's stop_regex: patterns searched in the output text (checked in full by `stop_patterns`)
+StopRegex = Union[Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_CHARS)],
+                  Annotated[list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_CHARS)]],
+                            Field(max_length=MAX_STOP)]]
 StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]
 Id = Annotated[StrictStr, Field(max_length=MAX_ID_CHARS)]
 # What a chat message is (checked in full by `TextTokenizer.validate_messages`, which names the
@@ -116,6 +124,11 @@ _RESPONSE_FORMAT = {"type": "object", "required": ["type"], "properties": {
         "description": {"type": "string"}}}}}
 ResponseFormat = Annotated[Any, WithJsonSchema(_RESPONSE_FORMAT)]
 ObjectOrJson = Annotated[Any, WithJsonSchema(_OBJECT_OR_JSON)]
+# vLLM's structured_outputs (checked in full by `constraints`)
+StructuredOutputs = Annotated[Any, WithJsonSchema({"type": "object", "properties": {
+    "json": _OBJECT_OR_JSON, "regex": {"type": "string"}, "choice": {"type": "array", "items": {"type": "string"}},
+    "grammar": {"type": "string"}, "json_object": {"type": "boolean"}, "structural_tag": {"type": "string"}}})]
+TemplateKwargs = Annotated[dict[StrictStr, Any], Field(max_length=64)]
 Spec = Annotated[StrictStr, Field(min_length=1, max_length=1 << 20)]
 Choices = Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1, max_length=1024)]
 _TOOL = {"type": "object", "required": ["type", "function"], "properties": {
@@ -140,7 +153,7 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_ignored(cls, data: Any) -> Any:
-        data = drop_router_defaults(data, cls.model_fields)     # sglang-router's no-op fields
+        data = drop_noop_fields(data, cls.model_fields)     # the peers' no-op fields
         if isinstance(data, dict) and cls.ignored and not cls.ignored.isdisjoint(data):
             data = {k: v for k, v in data.items() if k not in cls.ignored}
         return data
@@ -178,7 +191,9 @@ class _OpenAICommon(_Body):
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     stop: Stop | None = None
+    stop_regex: StopRegex | None = None                    # SGLang's
     stop_token_ids: StopTokenIds | None = None
+    min_tokens: MinTokens = 0                              # vLLM's
     logit_bias: LogitBias | None = None
     ignore_eos: StrictBool = False
     seed: Seed | None = None
@@ -194,6 +209,7 @@ class _OpenAICommon(_Body):
     guided_regex: Spec | None = None
     guided_grammar: Spec | None = None
     guided_choice: Choices | None = None
+    structured_outputs: StructuredOutputs | None = None    # vLLM's current form of the guided_* fields
     skip_special_tokens: StrictBool = True
     request_timeout: RequestTimeout | None = None
     truncate_prompt_tokens: TruncatePrompt | None = None   # vLLM's: keep the last k prompt tokens
@@ -210,8 +226,10 @@ class _OpenAICommon(_Body):
 
     def _base(self, max_tokens: int | None, default_max: int, logprobs: bool, top: int) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        check_min_tokens(self.min_tokens, max_tokens, "min_tokens")
         kw: dict[str, Any] = {
             "max_new_tokens": default_max if max_tokens is None else max_tokens,
+            "min_tokens": self.min_tokens, "stop_regex": stop_patterns(self.stop_regex),
             "stop": tuple(stop), "stop_token_ids": tuple(self.stop_token_ids or ()),
             "ignore_eos": self.ignore_eos, "seed": self.seed, "n": self.n,
             "logprobs": logprobs, "top_logprobs": top,
@@ -229,6 +247,30 @@ class _OpenAICommon(_Body):
         return kw
 
 
+def check_min_tokens(min_tokens: int, max_tokens: int | None, param: str) -> None:
+    """vLLM's rule and words: at least as many tokens as asked for cannot exceed the most."""
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise FieldError(param, f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                                f"got {min_tokens}.")
+
+
+def stop_patterns(value: str | list[str] | None, param: str = "stop_regex") -> tuple[str, ...]:
+    """SGLang's ``stop_regex`` as patterns the detokenizer can search: each must compile and
+    must not match the empty text (it would stop every request before its first token)."""
+    import regex      # transformers' own dependency; `regex` can report a partial match
+
+    pats = [value] if isinstance(value, str) else list(value or ())
+    for i, pat in enumerate(pats):
+        where = param if isinstance(value, str) else f"{param}.{i}"
+        try:
+            compiled = regex.compile(pat)
+        except regex.error as exc:
+            raise FieldError(where, f"{where} is not a valid regular expression: {exc}") from None
+        if compiled.fullmatch("") is not None or compiled.search("") is not None:
+            raise FieldError(where, f"{where} matches the empty text, so it would stop every request at once")
+    return tuple(pats)
+
+
 def bias_pairs(bias: dict[str, Any] | None) -> tuple[tuple[int, float], ...]:
     """``logit_bias`` ({"token id": bias}; keys checked against the vocabulary in `generation`)."""
     return tuple((int(k), float(v)) for k, v in (bias or {}).items() if k.isascii() and k.isdigit())
@@ -244,6 +286,29 @@ class ChatCompletionRequest(_OpenAICommon):
     logprobs: StrictBool = False
     top_logprobs: TopLogprobs | None = None
     prompt_logprobs: TopLogprobs | None = None   # vLLM's; the response's top-level prompt_logprobs
+    # vLLM's template controls: the reply's header (default) or the last message left open
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: TemplateKwargs | None = None
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """``add_generation_prompt`` and the rest for `TextTokenizer.apply_chat_template`."""
+        if self.continue_final_message and self.add_generation_prompt and \
+                "add_generation_prompt" in self.model_fields_set:
+            raise FieldError("continue_final_message",
+                             "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        kw = dict(self.chat_template_kwargs or {})
+        for reserved in ("add_generation_prompt", "continue_final_message", "tools", "tokenize"):
+            if reserved in kw:
+                raise FieldError(f"chat_template_kwargs.{reserved}", f"{reserved} is not a template "
+                                 "variable here; use the request field of that name")
+        if self.continue_final_message:
+            if self.messages[-1].get("role") != "assistant":
+                raise FieldError("continue_final_message", "continue_final_message needs the last "
+                                 "message to be the assistant's, to continue")
+            kw["continue_final_message"] = True
+        kw["add_generation_prompt"] = self.add_generation_prompt and not self.continue_final_message
+        return kw
 
     def sampling(self, default_max: int, grammar: tuple[str, str] | None = None) -> SamplingParams:
         mt = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -260,6 +325,8 @@ class CompletionRequest(_OpenAICommon):
     echo: StrictBool = False
     prompt_logprobs: TopLogprobs | None = None   # vLLM's; each choice's prompt_logprobs (echo: logprobs)
     suffix: StrictStr | None = None              # refused unless empty (no fill-in-the-middle)
+    # OpenAI's: generate best_of candidates, answer the n with the highest log probability
+    best_of: Annotated[StrictInt, Field(ge=1, le=64)] | None = None
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -273,6 +340,8 @@ class CompletionRequest(_OpenAICommon):
 
     def sampling(self, default_max: int, grammar: tuple[str, str] | None = None) -> SamplingParams:
         mt = self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
+        if mt is None:
+            default_max = min(DEFAULT_COMPLETION_TOKENS, default_max)
         lp = self.logprobs
         plp = lp if self.prompt_logprobs is None and self.echo else self.prompt_logprobs   # vLLM's rule
         return SamplingParams(**self._base(mt, default_max, lp is not None, lp or 0), grammar=grammar,
@@ -283,7 +352,8 @@ class CompletionRequest(_OpenAICommon):
 
 
 class NativeSampling(_Body):
-    max_new_tokens: MaxTokens | None = None
+    max_new_tokens: MaxNewTokens | None = None
+    min_new_tokens: MinTokens = 0
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
     top_k: TopK = -1
@@ -292,6 +362,7 @@ class NativeSampling(_Body):
     frequency_penalty: Penalty = 0.0
     presence_penalty: Penalty = 0.0
     stop: Stop | None = None
+    stop_regex: StopRegex | None = None
     stop_token_ids: StopTokenIds | None = None
     logit_bias: LogitBias | None = None
     ignore_eos: StrictBool = False
@@ -312,8 +383,11 @@ class NativeSampling(_Body):
     def to_params(self, default_max: int = 128, *, logprobs: bool = False, top: int = 0,
                   grammar: tuple[str, str] | None = None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        check_min_tokens(self.min_new_tokens, self.max_new_tokens, "sampling_params.min_new_tokens")
         return SamplingParams(
             max_new_tokens=default_max if self.max_new_tokens is None else self.max_new_tokens,
+            min_tokens=self.min_new_tokens,
+            stop_regex=stop_patterns(self.stop_regex, "sampling_params.stop_regex"),
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             repetition_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty, stop=tuple(stop),

@@ -9,7 +9,9 @@
 * ``messages`` (vLLM's chat form): rendered by the chat template with
   ``add_generation_prompt`` (default true) or ``continue_final_message`` (the last message
   left open; not both), ``chat_template_kwargs``; ``add_special_tokens`` (default false here,
-  as vLLM: the template has them) adds the tokenizer's own on top.
+  as vLLM: the template has them) adds the tokenizer's own on top; ``tools`` (vLLM) are shown to
+  the model exactly as a chat request with those tools shows them (`tools.plan_tools`), so the
+  count is the prompt that request would have;
 
 and answers ``{tokens, count, max_model_len, token_strs}``; ``token_strs`` (the tokenizer's
 pieces of each id) is filled when ``return_token_strs`` is set, else null, as vLLM.
@@ -22,15 +24,16 @@ list in each). An id outside the vocabulary is a 400 naming it (``tokens.3``, ``
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from aiohttp import web
 from pydantic import Field, StrictBool, StrictStr
 
 from .errors import APIError
 from .generation import check_model, check_token_ids
-from .schemas import MAX_BATCH, Messages, StrBatch, TokenIds, _Body, read_json
+from .schemas import MAX_BATCH, Messages, StrBatch, TokenIds, Tools, _Body, read_json
 from .state import CTX
+from .tools import plan_tools
 
 TemplateKwargs = Annotated[dict[StrictStr, Any], Field(max_length=64)]
 
@@ -44,7 +47,12 @@ class TokenizeRequest(_Body):
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template_kwargs: TemplateKwargs | None = None
+    tools: Tools | None = None
     return_token_strs: StrictBool = False
+
+    # what `plan_tools` reads of a chat request besides the tools: every tool shown, as "auto"
+    tool_choice: ClassVar[None] = None
+    parallel_tool_calls: ClassVar[bool] = True
 
 
 class DetokenizeRequest(_Body):
@@ -58,11 +66,12 @@ def _chat_ids(ctx: Any, body: TokenizeRequest) -> list[int]:
     if body.add_generation_prompt and body.continue_final_message and "add_generation_prompt" in body.model_fields_set:
         raise APIError(400, "cannot set both continue_final_message and add_generation_prompt to true",
                        param="continue_final_message")
-    kwargs = dict(body.chat_template_kwargs or {})
+    plan = plan_tools(body, ctx.tokenizer, ctx.config.tool_call_parser)
+    kwargs = {**(body.chat_template_kwargs or {}), **plan.template_kwargs}
     if body.continue_final_message:
         kwargs["continue_final_message"] = True
     gen = body.add_generation_prompt and not body.continue_final_message
-    text = ctx.tokenizer.render_chat(body.messages, gen, **kwargs)
+    text = ctx.tokenizer.render_chat(plan.messages, gen, **kwargs)
     return ctx.tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens))
 
 
