@@ -35,15 +35,14 @@ from . import (
 from .cohere_schemas import CohereEmbedRequest, CohereRerankRequest
 from .responses_schemas import InputItemsQuery, ResponsePath, ResponsesRequest
 from .metrics import metrics_handler
-from .pooling_routes import (
-    ClassifyRequest, EmbeddingRequest, EncodeRequest, RerankRequest,
-)
+from .classify_routes import ClassifyRequest
+from .pooling_routes import EmbeddingRequest, EncodeRequest, RerankRequest
 from .schemas import (
     AbortBody, ChatCompletionRequest, CloseSessionBody, CompletionRequest,
     FlushBody, GenerateRequest, OpenSessionBody, PauseBody,
 )
 from .state import CTX
-from . import score_routes, tokenize_routes
+from . import classify_routes, score_routes, tokenize_routes, vllm_routes
 from .tokenize_routes import DetokenizeRequest, TokenizeRequest
 
 OPENAPI_VERSION = "3.1.0"
@@ -151,7 +150,11 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     score_routes.score: Op("Score: label-token probabilities (SGLang) or text pairs (vLLM)",
                            score_routes.ScoreBody, work=True),
     pooling_routes.rerank: Op("Rerank documents for a query", RerankRequest, work=True),
-    pooling_routes.classify: Op("Classify texts", ClassifyRequest, work=True),
+    classify_routes.classify: Op("Classify texts or token ids (vLLM)", ClassifyRequest, work=True),
+    vllm_routes.pooling: Op("Pool inputs with the embedding or classifier model (vLLM)",
+                            vllm_routes.PoolingRequest, work=True),
+    vllm_routes.invocations: Op("SageMaker: the route whose request the body is (vLLM's dispatch)",
+                                vllm_routes.InvocationsBody, stream=True, work=True),
     cohere_routes.rerank_v2: Op("Rerank documents for a query (Cohere v2)", CohereRerankRequest, work=True),
     cohere_routes.embed_v2: Op("Embeddings by type (Cohere v2)", CohereEmbedRequest, work=True),
     responses_routes.create_response: Op("Create a response (OpenAI Responses API); stored ones "

@@ -1,5 +1,6 @@
 """Pooling routes: `/v1/embeddings`, `/encode`, `/v1/score` (SGLang's body; the route itself,
-which takes vLLM's too, is `score_routes`), `/v1/rerank` (`/rerank`), `/v1/classify` (`/classify`).
+which takes vLLM's too, is `score_routes`), `/v1/rerank` (`/rerank`). `/v1/classify` is
+`classify_routes`, vLLM's `/pooling` and `/invocations` are `vllm_routes`.
 
 Every input becomes one pooling request (`PoolGroup`), routed by what is loaded:
 
@@ -10,11 +11,12 @@ Every input becomes one pooling request (`PoolGroup`), routed by what is loaded:
 * rerank -> the ``rerank`` cross-encoder when ``--rerank-model`` is loaded, else decoder-only:
   a judging prompt through the chat template, score ``p_yes / (p_yes + p_no)`` from the
   next-token distribution of the generation model;
-* classify -> the ``classify`` sequence classifier when ``--classify-model`` is loaded, else a
-  classifier from label tokens on the generation model (default labels negative/positive).
+* classify (`classify_routes`) -> the ``classify`` sequence classifier when ``--classify-model``
+  is loaded, else a classifier from label tokens on the generation model (`next_token`).
 
-`embed_vectors` and `rerank_documents` do the work; the Cohere v2 routes (`cohere_routes`)
-call them too, so both APIs give the same vectors and the same scores.
+`embed_vectors` and `rerank_documents` do the work; the Cohere v2 routes (`cohere_routes`) and
+vLLM's `/pooling` call them too, so every API gives the same vectors and the same scores. The
+inputs (token ids, ``add_special_tokens``, ``truncate_prompt_tokens``) are `pooling_inputs`'.
 """
 
 from __future__ import annotations
@@ -35,13 +37,12 @@ from .pooling import (
     DEFAULT_EMBEDDING_ALIAS, PoolGroup, PoolModel, check_ids, loaded, pack_base64, require,
     softmax, word_token_ids,
 )
-from .schemas import INT32_MAX, TokenIds, _Body, read_json
+from .pooling_inputs import MAX_INPUTS, PoolInput, encoder_ids, split_inputs, where
+from .schemas import INT32_MAX, TokenIds, TruncatePrompt, _Body, read_json
 from .state import CTX, ServerContext
 
 JUDGE_SYSTEM = ('Judge whether the Document answers the Query. Note that the answer can only be '
                 '"yes" or "no".')
-DEFAULT_LABELS = ("negative", "positive")
-MAX_INPUTS = 2048          # inputs, items, documents of one request (OpenAI's embeddings bound)
 MAX_LABELS = 1024          # label_token_ids, label words
 
 TextOrIds = StrictStr | TokenIds
@@ -55,6 +56,8 @@ class EmbeddingRequest(_Body):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(default=None, ge=1, le=INT32_MAX)
     user: StrictStr | None = None
+    add_special_tokens: StrictBool = True               # vLLM's: of a text input
+    truncate_prompt_tokens: TruncatePrompt | None = None  # vLLM's: keep the last k tokens
 
 
 class EncodeRequest(_Body):
@@ -79,15 +82,9 @@ class RerankRequest(_Body):
     model: StrictStr | None = None
 
 
-class ClassifyRequest(_Body):
-    input: StrictStr | Texts
-    model: StrictStr | None = None
-    # label words for the label-token classifier
-    labels: Annotated[list[StrictStr], Field(max_length=MAX_LABELS)] | None = None
-
-
-def _usage(n: int) -> dict[str, int]:
-    return {"prompt_tokens": n, "total_tokens": n}
+def usage(n: int) -> dict[str, int]:
+    """A pooling request's usage: vLLM's and SGLang's ``UsageInfo`` (``completion_tokens`` 0)."""
+    return {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}
 
 
 def _count(inputs: list[Any], param: str) -> None:
@@ -97,20 +94,7 @@ def _count(inputs: list[Any], param: str) -> None:
         raise APIError(400, f"at most {MAX_INPUTS} inputs per request, got {len(inputs)}", param=param)
 
 
-def _where(param: str, i: int, n: int, single: bool) -> str:
-    """The ``param`` of input ``i`` of ``n``: the field itself for a lone input."""
-    return param if single and n == 1 else f"{param}.{i}"
-
-
 # -- embeddings --------------------------------------------------------------------------------
-def _embed_inputs(raw: Any) -> list[str | list[int]]:
-    if isinstance(raw, str):
-        return [raw]
-    if raw and all(isinstance(x, int) for x in raw):
-        return [list(raw)]
-    return list(raw)
-
-
 def check_embedding_model(ctx: ServerContext, model: str | None, what: str) -> PoolModel:
     """The loaded embedding model, which ``model`` (if given) must name: 404 otherwise."""
     pm = require(ctx, "embed", what)
@@ -121,25 +105,24 @@ def check_embedding_model(ctx: ServerContext, model: str | None, what: str) -> P
     return pm
 
 
-async def embed_vectors(ctx: ServerContext, inputs: list[str | list[int]], dimensions: int | None,
-                        what: str, param: str, single: bool) -> tuple[list[list[float]], int, str]:
-    """The embedding of each input (a text, or token ids with the model's special tokens), the
-    tokens they took, and the model's name; ``param`` names the inputs' field in errors."""
+async def embed_vectors(ctx: ServerContext, inputs: list[PoolInput], dimensions: int | None,
+                        what: str, param: str, single: bool, *, special: bool = True,
+                        truncate: int | None = None, normalize: bool = True,
+                        kind: str = "embeddings") -> tuple[list[list[float]], int, str]:
+    """The embedding of each input (a text, with the model's special tokens unless ``special``
+    is false, or token ids as given; ``truncate``: vLLM's ``truncate_prompt_tokens``), the tokens
+    they took, and the model's name; ``param`` names the inputs' field in errors."""
     pm = require(ctx, "embed", what)
     _count(inputs, param)
-    vocab = pm.engine.info.vocab_size
+    ids = []
     for i, x in enumerate(inputs):       # an empty string would embed [CLS] [SEP] alone
-        where = _where(param, i, len(inputs), single)
+        at = where(param, i, len(inputs), single)
         if not x:
-            raise APIError(400, "an input is empty (an empty string or list)", param=where)
-        if not isinstance(x, str):
-            check_token_ids(x, vocab, where)
-    ids = [pm.encode(x) if isinstance(x, str) else x for x in inputs]
-    for one in ids:
-        check_ids(one, vocab, pm.max_tokens)
-    params = PoolingParams(task="embed", normalize=True, dimensions=dimensions)
+            raise APIError(400, "an input is empty (an empty string or list)", param=at)
+        ids.append(encoder_ids(pm, x, special=special, truncate=truncate, param=at))
+    params = PoolingParams(task="embed", normalize=normalize, dimensions=dimensions)
     check_accepting(ctx)
-    async with PoolGroup(ctx, "embeddings") as group:
+    async with PoolGroup(ctx, kind) as group:
         for one in ids:
             group.submit(one, params, target="embed")
         vecs = await group.results()
@@ -150,14 +133,14 @@ async def embeddings(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     body = EmbeddingRequest.model_validate(await read_json(request))
     check_embedding_model(ctx, body.model, "/v1/embeddings")
-    single = isinstance(body.input, str) or bool(body.input and isinstance(body.input[0], int))
-    vecs, n, name = await embed_vectors(ctx, _embed_inputs(body.input), body.dimensions,
-                                        "/v1/embeddings", "input", single)
+    inputs, single = split_inputs(body.input)
+    vecs, n, name = await embed_vectors(ctx, inputs, body.dimensions, "/v1/embeddings", "input", single,
+                                        special=body.add_special_tokens, truncate=body.truncate_prompt_tokens)
     data = [{"object": "embedding", "index": i,
              "embedding": pack_base64(v) if body.encoding_format == "base64" else v}
             for i, v in enumerate(vecs)]
-    return web.json_response({"object": "list", "data": data, "model": body.model or name,
-                              "usage": _usage(n)})
+    return web.json_response({"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                              "data": data, "model": body.model or name, "usage": usage(n)})
 
 
 async def encode(request: web.Request) -> web.Response:
@@ -167,7 +150,7 @@ async def encode(request: web.Request) -> web.Response:
         raise APIError(400, "exactly one of text or input_ids is required", param="text")
     raw = body.text if body.text is not None else body.input_ids
     batch = isinstance(raw, list) and not (raw and all(isinstance(x, int) for x in raw))
-    inputs = _embed_inputs(raw)
+    inputs = list(raw) if batch else [raw if isinstance(raw, str) else list(raw)]
     vecs, _, _ = await embed_vectors(ctx, inputs, None, "/encode",
                                      "text" if body.text is not None else "input_ids", not batch)
     out = [{"embedding": v, "meta_info": {"prompt_tokens": None}} for v in vecs]
@@ -179,7 +162,7 @@ def _gen_ids(ctx: ServerContext, x: str | list[int], special: bool) -> list[int]
     return ctx.tokenizer.encode(x, add_special_tokens=special) if isinstance(x, str) else list(x)
 
 
-async def _next_token(ctx: ServerContext, prompts: list[list[int]], groups: list[list[int]],
+async def next_token(ctx: ServerContext, prompts: list[list[int]], groups: list[list[int]],
                       task: str) -> list[list[float]]:
     """For each prompt, the log-probability of each group of next tokens (generation model)."""
     info = ctx.runtime.engine_info
@@ -201,22 +184,25 @@ async def score(request: web.Request) -> web.Response:
     single = isinstance(items, str) or bool(items and all(isinstance(x, int) for x in items))
     if single:
         items = [items]
-    _count(list(items), "items")
+    if len(items) > MAX_INPUTS:
+        raise APIError(400, f"at most {MAX_INPUTS} items per request, got {len(items)}", param="items")
+    if not items and not isinstance(body.query, str):   # SGLang: no items is no scores, for a text query
+        raise APIError(400, "Invalid combination of query/items types for score_request.", param="items")
     vocab = ctx.runtime.engine_info.vocab_size
     check_token_ids(body.label_token_ids, vocab, "label_token_ids")
     if not isinstance(body.query, str):
         check_token_ids(body.query, vocab, "query")
     for i, item in enumerate(items):
         if not isinstance(item, str):
-            check_token_ids(item, vocab, _where("items", i, len(items), single))
+            check_token_ids(item, vocab, where("items", i, len(items), single))
     prompts = []
     for item in items:
         first, second = (item, body.query) if body.item_first else (body.query, item)
         prompts.append(_gen_ids(ctx, first, True) + _gen_ids(ctx, second, False))
-    rows = await _next_token(ctx, prompts, [[t] for t in body.label_token_ids], "score")
+    rows = await next_token(ctx, prompts, [[t] for t in body.label_token_ids], "score")
     scores = [softmax(r) if body.apply_softmax else [math.exp(v) for v in r] for r in rows]
     return web.json_response({"scores": scores, "model": ctx.served_name, "object": "scoring",
-                              "usage": _usage(sum(len(p) for p in prompts))})
+                              "usage": usage(sum(len(p) for p in prompts))})
 
 
 # -- rerank ---------------------------------------------------------------------------------------
@@ -282,7 +268,7 @@ async def rerank_documents(ctx: ServerContext, query: str, docs: list[str],
          {"role": "user", "content": f"<Query>: {query}\n<Document>: {d}\n"
                                      "Does the Document answer the Query? Answer yes or no."}])
         for d in docs]
-    rows = await _next_token(ctx, prompts, [yes, no], "rerank")
+    rows = await next_token(ctx, prompts, [yes, no], "rerank")
     return Ranking([softmax(r)[0] for r in rows], ctx.served_name, sum(len(p) for p in prompts))
 
 
@@ -316,59 +302,9 @@ async def rerank(request: web.Request) -> web.Response:
                               "results": results, "usage": {"total_tokens": tokens, "prompt_tokens": tokens}})
 
 
-# -- classify ------------------------------------------------------------------------------------
-def _classify_prompt(ctx: ServerContext, text: str, labels: list[str]) -> list[int]:
-    return ctx.tokenizer.apply_chat_template([
-        {"role": "system", "content": "You classify texts. Answer with one word: "
-                                      + " or ".join(labels) + "."},
-        {"role": "user", "content": f"Text: {text}\nIs the sentiment of this text "
-                                    + " or ".join(labels) + "?"}])
-
-
-async def classify(request: web.Request) -> web.Response:
-    ctx = request.app[CTX]
-    body = ClassifyRequest.model_validate(await read_json(request))
-    check_model(ctx, body.model)
-    texts = [body.input] if isinstance(body.input, str) else list(body.input)
-    _count(texts, "input")
-    clf = loaded(ctx, "classify")
-    if clf is not None and body.labels is None:
-        ids = [clf.encode(t) for t in texts]
-        check_accepting(ctx)
-        async with PoolGroup(ctx, "classify") as group:
-            for one in ids:
-                group.submit(one, PoolingParams(task="classify"), target="classify")
-            probs = await group.results()
-        labels, name, tokens = list(clf.engine.labels), clf.name, sum(len(x) for x in ids)
-    else:
-        labels = list(body.labels or DEFAULT_LABELS)
-        if len(labels) < 2:
-            raise APIError(400, "labels needs at least two label words", param="labels")
-        groups = [word_token_ids(ctx, [w]) for w in labels]
-        flat = [t for g in groups for t in g]
-        if any(not g for g in groups) or len(flat) != len(set(flat)):
-            raise APIError(400, "each label word must have its own single-token spelling in the "
-                                "generation model's vocabulary; or load --classify-model PATH",
-                           param="labels")
-        prompts = [_classify_prompt(ctx, t, labels) for t in texts]
-        rows = await _next_token(ctx, prompts, groups, "classify")
-        probs = [softmax(r) for r in rows]
-        name, tokens = ctx.served_name, sum(len(p) for p in prompts)
-    data = []
-    for i, p in enumerate(probs):
-        best = max(range(len(p)), key=lambda k: p[k])
-        data.append({"index": i, "label": labels[best] if best < len(labels) else str(best),
-                     "probs": p, "num_classes": len(p)})
-    return web.json_response({"id": f"classify-{uuid.uuid4().hex}", "object": "list",
-                              "created": int(time.time()), "model": body.model or name,
-                              "data": data, "usage": _usage(tokens)})
-
-
 ROUTES = [
     web.post("/v1/embeddings", embeddings),
     web.post("/encode", encode),
     web.post("/v1/rerank", rerank),
     web.post("/rerank", rerank),
-    web.post("/v1/classify", classify),
-    web.post("/classify", classify),
 ]
