@@ -260,6 +260,9 @@ async def test_over_http_priority_with_the_openai_client_and_sglang_generate(tin
         assert r.choices[0].finish_reason == "length"
         c = await oa.completions.create(model=NAME, prompt="hi", max_tokens=2, extra_body={"priority": 7})
         assert c.choices[0].text is not None
+        resp = await oa.responses.create(model=NAME, input="hi", max_output_tokens=2,
+                                         extra_body={"priority": 2})
+        assert resp.status in ("completed", "incomplete")
         g = await http.post("/generate", json={"text": "hi", "priority": 4,
                                                "sampling_params": {"max_new_tokens": 2}})
         assert g.status == 200
@@ -267,7 +270,7 @@ async def test_over_http_priority_with_the_openai_client_and_sglang_generate(tin
         assert bad.status == 400 and (await bad.json())["error"]["param"] == "priority"
         metrics = await (await http.get("/metrics")).text()
         assert f'actorserve_priority_queue_time_seconds_count{{model_name="{NAME}",priority="-3"}} 1.0' in metrics
-        assert f'priority="4"}} 1.0' in metrics
+        assert f'priority="4"}} 1.0' in metrics and f'priority="2"}} 1.0' in metrics
         await settle(rt)
     async with serve(tiny) as (http, rt), \
             AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="x", max_retries=0) as oa:
@@ -314,3 +317,30 @@ async def test_over_http_a_queue_timeout_is_503_with_sglangs_message(tiny):
         assert (await http.post("/continue_generation", json={})).status == 200
         await settle(rt)
     await rt.shutdown()
+
+
+def test_the_flags_in_vllms_and_sglangs_spellings():
+    import argparse
+
+    from actorserve.http import serve_cli
+
+    p = argparse.ArgumentParser()
+    serve_cli.add_arguments(p)
+
+    def sched(*argv):
+        return serve_cli.config_from_args(p.parse_args(list(argv))).scheduler
+
+    assert sched().batch.scheduling_policy == "fcfs"
+    assert sched().max_queue_time_s is None and sched().max_queued_tokens is None
+    vllm = sched("--scheduling-policy", "priority").batch
+    assert (vllm.scheduling_policy, vllm.priority_low_first) == ("priority", True)
+    sglang = sched("--enable-priority-scheduling").batch
+    assert (sglang.scheduling_policy, sglang.priority_low_first) == ("priority", False)
+    flipped = sched("--enable-priority-scheduling", "--schedule-low-priority-values-first").batch
+    assert flipped.priority_low_first is True
+    both = sched("--max-queue-time", "2.5", "--max-queued-tokens", "4096")
+    assert (both.max_queue_time_s, both.max_queued_tokens) == (2.5, 4096)
+    with pytest.raises(ValueError):
+        sched("--max-queue-time", "0")
+    with pytest.raises(SystemExit):
+        p.parse_args(["--scheduling-policy", "lifo"])
