@@ -36,6 +36,13 @@ class SchedulerConfig:
     # Every request's deadline, in seconds from its arrival: past it the request is aborted
     # through the control actor (finish_reason "timeout"). None = no deadline.
     request_timeout_s: float | None = None
+    # A request still waiting for its first admission this long after its arrival is ended
+    # (finish_reason abort, SGLang's "Request waiting timeout reached.", HTTP 503). None = off.
+    max_queue_time_s: float | None = None
+    # Admission by queued prompt tokens, beside the count: a request whose prompt would take the
+    # queued prompt tokens past this is refused like one past max_queued_requests (503). An
+    # empty queue always admits (the bound is on waiting work, not on one prompt). None = off.
+    max_queued_tokens: int | None = None
     # Pooling schedulers only: when an idle encoder would start a step with fewer inputs than it
     # can take, wait this long for more to arrive (a batching window, like Triton's queue delay).
     pool_batch_wait_s: float = 0.005
@@ -50,6 +57,10 @@ class SchedulerConfig:
             raise ValueError(f"responses_store must be >= 0, got {self.responses_store}")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.max_queue_time_s is not None and not self.max_queue_time_s > 0:
+            raise ValueError(f"max_queue_time_s must be > 0, got {self.max_queue_time_s}")
+        if self.max_queued_tokens is not None and self.max_queued_tokens < 1:
+            raise ValueError(f"max_queued_tokens must be >= 1, got {self.max_queued_tokens}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,8 @@ class Release:
 
 #: the reason of an abort caused by a request's deadline (its finish_reason is "timeout")
 DEADLINE_EXCEEDED = "deadline exceeded"
+#: the reason of an abort caused by ``--max-queue-time`` (SGLang's words for its waiting timeout)
+QUEUE_TIMEOUT = "Request waiting timeout reached."
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,14 @@ class Resumed:
 
 @dataclass(frozen=True, slots=True)
 class Retracted:
+    rid: str
+    cause: str = "pause"      # kv_pressure | priority:<the rid it made room for> | pause
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTimeout:
+    """Request `rid`'s queue deadline (``--max-queue-time``) passed: the scheduler ends it if it
+    is still waiting for its first admission."""
     rid: str
 
 

@@ -25,8 +25,8 @@ import asyncio
 from typing import Any, Callable
 
 from ..messages import (
-    DEADLINE_EXCEEDED, Aborted, Delivered, Failed, Paused, PoolOut, PrefillProgress, Release, RequestOutput, Resumed,
-    Retracted, Scheduled, SessionEnd, TokenOut,
+    DEADLINE_EXCEEDED, Aborted, Delivered, Failed, Paused, PoolOut, PrefillProgress, QueueTimeout, Release,
+    RequestOutput, Resumed, Retracted, Scheduled, SessionEnd, TokenOut,
 )
 from ..statemachines import GENERATION, POOLING, GenState, Lifecycle
 from .actor import Actor, handles
@@ -119,7 +119,8 @@ class RequestActor(Actor):
 
     __slots__ = ("rid", "state", "scheduler", "stream", "is_probe", "prompt_tokens",
                  "cached_tokens", "t_arrival", "t_first", "t_done", "deadline", "on_deadline",
-                 "_deadline_timer", "durations", "_t_entered")
+                 "_deadline_timer", "durations", "_t_entered", "queue_deadline", "_queue_timer",
+                 "priority")
     lifecycle: Lifecycle
     mailbox_capacity = 4096
 
@@ -138,6 +139,9 @@ class RequestActor(Actor):
         self.deadline: float | None = None          # seconds after arrival (set by the runtime)
         self.on_deadline: Callable[[str], None] | None = None
         self._deadline_timer: Any = None
+        self.queue_deadline: float | None = None    # --max-queue-time: seconds after arrival
+        self._queue_timer: Any = None
+        self.priority = 0                        # the request's scheduling priority
         self.durations: dict[str, float] = {}    # state name -> seconds spent in it so far
         self._t_entered = 0.0                    # when the current state was entered
 
@@ -147,15 +151,31 @@ class RequestActor(Actor):
         assert sysm is not None
         self.t_arrival = self._t_entered = sysm.clock.now()
         if sysm.recorder is not None:
-            sysm.recorder.created(self.lifecycle, self, {"probe": True} if self.is_probe else None)
+            data = {"probe": True} if self.is_probe else {"priority": self.priority} if self.priority else None
+            sysm.recorder.created(self.lifecycle, self, data)
         if self.deadline is not None and self.on_deadline is not None:
             rid, cb = self.rid, self.on_deadline
             self._deadline_timer = sysm.call_later(self.deadline, lambda: cb(rid), f"req:{rid}:deadline")
+        if self.queue_deadline is not None:
+            self._queue_timer = sysm.call_later(self.queue_deadline, self._queue_deadline_passed,
+                                                f"req:{self.rid}:queue_deadline")
+
+    def _queue_deadline_passed(self) -> None:
+        """Still queued? The scheduler decides (it may have admitted the request meanwhile)."""
+        self._queue_timer = None
+        if self.scheduler.alive:
+            self.scheduler.tell(QueueTimeout(self.rid))
+
+    def _cancel_queue_timer(self) -> None:
+        if self._queue_timer is not None:
+            self._queue_timer.cancel()
+            self._queue_timer = None
 
     def on_stop(self) -> None:
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer = None
+        self._cancel_queue_timer()
 
     def fire(self, event: str) -> None:
         sysm = self.system
@@ -202,6 +222,7 @@ class RequestActor(Actor):
     @handles(Scheduled)
     def _scheduled(self, msg: Scheduled) -> None:
         self.cached_tokens = msg.cached_tokens
+        self._cancel_queue_timer()            # admitted: the queue deadline is over
         self.fire("schedule")
 
     @handles(Aborted)

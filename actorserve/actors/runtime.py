@@ -128,6 +128,8 @@ class Runtime:
         self._on_deadline = self._deadline_passed
         self.max_queued = cfg.max_queued_requests
         self.request_timeout = cfg.request_timeout_s
+        self.max_queue_time = cfg.max_queue_time_s
+        self.max_queued_tokens = cfg.max_queued_tokens
         self.shed = 0                    # requests refused by admission control
 
     @property
@@ -160,6 +162,7 @@ class Runtime:
         return {"generation": sched(self.scheduler),
                 "pooling": {key: sched(s) for key, s in self.pool_schedulers.items()},
                 "responses_store": self.responses.capacity,
+                "max_queue_time_s": self.max_queue_time,
                 "watchdog": None if self.watchdog is None else {
                     "timeout": self.watchdog.timeout, "interval": self.watchdog.interval}}
 
@@ -172,6 +175,8 @@ class Runtime:
         data["prompt"] = seq.prompt_ids
         if seq.is_probe:
             data["probe"] = True
+        if seq.priority:
+            data["priority"] = seq.priority
         if extra is not None:
             data[xkey] = extra
         if deadline is not None:
@@ -191,20 +196,39 @@ class Runtime:
                                      f"is already running)")     # SGLang's words: clients match them
         return rid
 
-    def _admit(self, sched: SchedulerActor, is_probe: bool) -> None:
+    def _admit(self, sched: SchedulerActor, is_probe: bool, tokens: int = 0) -> None:
         """Admission control: refuse (raise `Overloaded`) when `max_queued` requests already
-        wait for `sched` (its queue, and submissions still in its mailbox). Probes always pass:
-        health must answer under overload."""
-        if self.max_queued is None or is_probe:
+        wait for `sched` (its queue, and submissions still in its mailbox), or when a prompt of
+        `tokens` would take the prompt tokens its queue holds past `max_queued_tokens` (an
+        empty queue admits any). Probes always pass: health must answer under overload."""
+        if is_probe:
             return
         queued = len(sched.lane) + sched.mailbox.statistics().current_size
-        if queued >= self.max_queued:
-            self.shed += 1
-            if self.recorder is not None:     # an input: it came from outside, and changed nothing
-                self.recorder.input("shed", data={"sched": sched.name, "queued": queued,
-                                                  "limit": self.max_queued})
-            per_step = max(1, sched.policy.config.max_num_seqs)
-            raise Overloaded(queued, self.max_queued, max(1, min(30, queued // per_step)))
+        over = None
+        if self.max_queued is not None and queued >= self.max_queued:
+            over = (queued, self.max_queued, "")
+        held = sched.lane.tokens
+        if over is None and self.max_queued_tokens is not None and held and held + tokens > self.max_queued_tokens:
+            over = (held, self.max_queued_tokens, "tokens")
+        if over is None:
+            return
+        self.shed += 1
+        if self.recorder is not None:     # an input: it came from outside, and changed nothing
+            data = {"sched": sched.name, "queued": over[0], "limit": over[1]}
+            if over[2]:
+                data["unit"] = over[2]
+            self.recorder.input("shed", data=data)
+        per_step = max(1, sched.policy.config.max_num_seqs)
+        raise Overloaded(over[0], over[1], max(1, min(30, queued // per_step)), over[2])
+
+    def check_priority(self, priority: int | None, target: str | None = None) -> None:
+        """vLLM's answer to a priority the scheduler does not honour: a non-zero one under FCFS
+        is a 400 (`ParamError` naming ``priority``); 0 and None are the default, always fine."""
+        sched = self.scheduler if target is None else self.pool_schedulers[target]
+        if priority and sched.policy.config.scheduling_policy != "priority":
+            err = ParamError(f"Got priority {priority} but Priority scheduling is not enabled.")
+            err.param = "priority"  # type: ignore[attr-defined]
+            raise err
 
     def admit(self, target: str | None = None) -> None:
         """Admission control up front (raises `Overloaded`): the HTTP layer asks before it
@@ -230,6 +254,8 @@ class Runtime:
         if deadline is not None:
             actor.deadline = deadline
             actor.on_deadline = self._on_deadline
+        if self.max_queue_time is not None and not seq.is_probe:
+            actor.queue_deadline = self.max_queue_time
         self.system.spawn(actor, supervisor=None)
         rid = actor.rid
         actor.stream.rid = rid
@@ -239,18 +265,22 @@ class Runtime:
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None, *,
                  rid: str | None = None, is_probe: bool = False, session: str | None = None,
-                 detokenizer: Any = None, deadline_s: float | None = None) -> RequestHandle:
+                 detokenizer: Any = None, deadline_s: float | None = None,
+                 priority: int | None = None) -> RequestHandle:
         """``session``: the id of a session whose `SessionBegin` composed `prompt_ids` and
         reserved `rid`; the request reports its output to the session when it ends.
         The output stage detokenizes with the runtime's factory (``detokenizer`` replaces it
         for this request: tests and re-execution). ``deadline_s`` (else the runtime's
         ``request_timeout_s``) aborts the request that long after its arrival. Raises
-        `Overloaded` when admission control refuses it."""
+        `Overloaded` when admission control refuses it. ``priority``: its scheduling priority
+        (``--scheduling-policy priority``; a non-zero one under FCFS is a `ParamError`)."""
         rid = self._rid(rid)
-        self._admit(self.scheduler, is_probe)
+        self.check_priority(priority)
+        self._admit(self.scheduler, is_probe, len(prompt_ids))
         deadline = self._deadline(deadline_s, is_probe)
         sp = sampling or SamplingParams()
-        seq = Sequence(rid, prompt_ids, sampling=sp, is_probe=is_probe, arrival=self.clock.now())
+        seq = Sequence(rid, prompt_ids, sampling=sp, is_probe=is_probe, arrival=self.clock.now(),
+                       priority=priority or 0)
         if sp.min_tokens:
             eos = () if sp.ignore_eos else tuple(self.engine_info.eos_token_ids)
             seq.min_stop_ids = tuple(dict.fromkeys((*sp.stop_token_ids, *eos)))
@@ -261,6 +291,7 @@ class Runtime:
         actor = GenerationActor(rid, scheduler=self.scheduler, prompt_tokens=len(prompt_ids),
                                 logprobs=sp.logprobs, is_probe=is_probe,
                                 session=None if session is None else (self.sessions, session))
+        actor.priority = seq.priority
         self.stage.tell(Track(rid, actor, detokenizer))
         return self._submit(actor, seq, deadline)
 
@@ -310,7 +341,7 @@ class Runtime:
             raise KeyError(f"no pooling engine {target!r} is loaded")
         sched = self.scheduler if target is None else self.pool_schedulers[target]
         rid = self._rid(rid)
-        self._admit(sched, is_probe)
+        self._admit(sched, is_probe, len(prompt_ids))
         deadline = self._deadline(deadline_s, is_probe)
         pooling = pooling or PoolingParams()
         seq = Sequence(rid, prompt_ids, pooling=pooling, is_probe=is_probe, arrival=self.clock.now())

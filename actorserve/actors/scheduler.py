@@ -30,13 +30,14 @@ import logging
 from typing import Any
 
 from ..engine.base import Engine
-from ..engine.batching import BatchConfig, BatchPolicy
+from ..engine.batching import BatchConfig
 from ..engine.block_manager import BlockManager
 from ..engine.lane import Lane
+from ..engine.priority import make_policy
 from ..messages import (
-    Abort, Aborted, BatchWindowClosed, ControlResult, Failed, Forget, OutputsDone, PoolOut,
-    PrefillProgress, Progress, ProgressQuery, Release, Retracted, Scheduled, StepDone, StepOutputs,
-    Submit, TokenItem,
+    QUEUE_TIMEOUT, Abort, Aborted, BatchWindowClosed, ControlResult, Failed, Forget, OutputsDone,
+    PoolOut, PrefillProgress, Progress, ProgressQuery, QueueTimeout, Release, Retracted, Scheduled,
+    StepDone, StepOutputs, Submit, TokenItem,
 )
 from ..statemachines import SCHEDULER, SchedulerState
 from .actor import Actor, handles
@@ -82,10 +83,12 @@ class SchedulerActor(SchedulerControl):
             log.warning("%s: the engine cannot verify drafts (%s): speculative decoding is off",
                         name, type(engine).__name__)
             batch = dataclasses.replace(batch, speculative=None)   # what is recorded is what runs
-        self.policy = BatchPolicy(batch)
+        self.policy = make_policy(batch)     # FCFS, or by priority (engine.priority)
         self.step_in_thread = step_in_thread
         self.probe_lane = Lane()             # waiting probes (served first), then the rest:
-        self.lane = Lane()                   # FIFO, O(1) removal (an abort from the middle)
+        self.lane = self.policy.new_lane()   # FIFO or by priority, O(1) removal (an abort)
+        self.arrivals = 0                    # submissions so far: each one's order (ties by it)
+        self.queue_timeouts = 0              # requests ended by --max-queue-time
         self.running: list[Any] = []
         self.seqs: dict[str, Any] = {}
         self.actors: dict[str, Actor] = {}
@@ -131,6 +134,8 @@ class SchedulerActor(SchedulerControl):
         self.actors[msg.rid] = actor
         if not seq.is_probe:
             self.prompt_tokens += len(seq.prompt_ids)
+        self.arrivals += 1
+        seq.order = self.arrivals
         (self.probe_lane if seq.is_probe else self.lane).append(seq)
 
     # -- leaving -------------------------------------------------------------------------------
@@ -188,6 +193,16 @@ class SchedulerActor(SchedulerControl):
             self._end(seq, self._drop(rid), Aborted(rid, msg.reason))
         return rids
 
+    @handles(QueueTimeout)
+    def _queue_timeout(self, msg: QueueTimeout) -> None:
+        """A request's queue deadline passed: ended (``abort``, SGLang's message) if it still
+        waits for its first admission; one admitted since, or retracted after, goes on."""
+        seq = self.seqs.get(msg.rid)
+        if seq is None or seq.admitted or seq not in self.lane:
+            return
+        self.queue_timeouts += 1
+        self._end(seq, self._drop(msg.rid), Aborted(msg.rid, QUEUE_TIMEOUT))
+
     @handles(Release)
     def _release(self, msg: Release) -> None:
         seq = self.seqs.get(msg.rid)
@@ -204,10 +219,15 @@ class SchedulerActor(SchedulerControl):
         info = self.engine.info
         self.policy.max_len = min(info.max_model_len, info.num_blocks * info.block_size)
         plan = self.policy.plan(self.running, [self.probe_lane, self.lane], self.bm)
-        for seq in plan.retracted:
-            self._tell(seq.rid, Retracted(seq.rid))
-        self.lane.extendleft(plan.retracted)
+        rec = self.system.recorder if self.system is not None else None
+        for seq, cause in zip(plan.retracted, plan.causes):
+            if rec is not None:           # why: the cause, and the priority it had
+                rec.note("sched", "retract", rid=seq.rid, data={"cause": cause, "priority": seq.priority})
+            self._tell(seq.rid, Retracted(seq.rid, cause))
+        self.lane.extendleft([s for s in plan.retracted if not s.is_probe])
+        self.probe_lane.extendleft([s for s in plan.retracted if s.is_probe])
         for seq, cached in plan.admitted:
+            seq.admitted = True
             self._tell(seq.rid, Scheduled(seq.rid, cached))
         if not plan.batch:
             self._fail_unfittable()

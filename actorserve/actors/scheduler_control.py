@@ -87,7 +87,7 @@ class SchedulerControl(Actor):
             self.pause_retractions += len(self.running)
             for seq in self.running:
                 self.bm.free(seq)
-                self._tell(seq.rid, Retracted(seq.rid))
+                self._tell(seq.rid, Retracted(seq.rid, "pause"))
             self.lane.extendleft(reversed(self.running))
             self.running.clear()
         elif mode == "in_place":  # a pooling forward has no paused state: it just is not stepped

@@ -35,6 +35,8 @@ class SchedulerStats:
     spec_steps: int = 0             # speculative verifications (a member's step with drafts)
     spec_draft_tokens: int = 0      # drafts checked in them
     spec_accepted_tokens: int = 0   # of those, accepted
+    queue_timeouts: int = 0         # requests ended by --max-queue-time (still queued)
+    preempted_by_priority: tuple[tuple[int, int], ...] = ()   # (priority, retracted), by priority
 
     @property
     def avg_spec_accept_length(self) -> float:
@@ -56,4 +58,6 @@ def stats_of(sched: Any) -> SchedulerStats:
         preemptions=getattr(sched.policy, "preemptions", 0), pause_retractions=sched.pause_retractions,
         prefix_queries=kv.prefix_queries_total, prefix_hits=kv.prefix_hits_total,
         spec_steps=getattr(sched, "spec_steps", 0), spec_draft_tokens=getattr(sched, "spec_draft_tokens", 0),
-        spec_accepted_tokens=getattr(sched, "spec_accepted_tokens", 0))
+        spec_accepted_tokens=getattr(sched, "spec_accepted_tokens", 0),
+        queue_timeouts=getattr(sched, "queue_timeouts", 0),
+        preempted_by_priority=tuple(sorted(getattr(sched.policy, "preempted", {}).items())))

@@ -18,9 +18,10 @@ class DuplicateRequestId(ValueError):
 class Overloaded(RuntimeError):
     """Admission control refused a request: too many are waiting (HTTP 503 + Retry-After)."""
 
-    def __init__(self, queued: int, limit: int, retry_after_s: int) -> None:
-        super().__init__(f"server overloaded: {queued} requests are waiting (limit {limit}); "
-                         f"retry after {retry_after_s}s")
+    def __init__(self, queued: int, limit: int, retry_after_s: int, unit: str = "") -> None:
+        what = f"{queued} prompt tokens are queued" if unit == "tokens" else f"{queued} requests are waiting"
+        super().__init__(f"server overloaded: {what} (limit {limit}); retry after {retry_after_s}s")
+        self.unit = unit             # "" (requests, --max-queued-requests) | "tokens" (--max-queued-tokens)
         self.queued = queued
         self.limit = limit
         self.retry_after_s = retry_after_s

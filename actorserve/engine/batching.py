@@ -31,6 +31,10 @@ from .sequence import Sequence
 from .speculative import SpecConfig, eligible, propose
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+KV_PRESSURE = "kv_pressure"       # a retraction's cause: a running request could not grow
+
+
 @dataclass(frozen=True, slots=True)
 class BatchConfig:
     max_num_seqs: int = 64            # sequences in one step
@@ -51,10 +55,19 @@ class BatchConfig:
     speculative_max_batch: int = 8
     speculative_min_ngram: int = 1
     speculative_max_ngram: int = 3
+    # Which waiting request goes first (`engine.priority`): "fcfs" (arrival order) or
+    # "priority" (by the request's `priority`, then arrival; a higher-priority arrival may
+    # retract a lower-priority running request); `priority_low_first`: a lower value is served
+    # first (vLLM's order; SGLang's default is the other way, see serve --enable-priority-scheduling).
+    scheduling_policy: str = "fcfs"
+    priority_low_first: bool = True
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_batch_tokens, self.max_prefill_chunk) < 1:
             raise ValueError("batch limits must be >= 1")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, "
+                             f"got {self.scheduling_policy!r}")
         self.spec_config()          # validates the speculative fields
 
     def spec_config(self) -> SpecConfig:
@@ -67,6 +80,7 @@ class Plan:
     batch: list[tuple[Sequence, int]] = field(default_factory=list)
     admitted: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, cached tokens)
     retracted: list[Sequence] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)   # why each of `retracted` was (same order)
 
 
 class BatchPolicy:
@@ -75,6 +89,17 @@ class BatchPolicy:
         self.spec = self.config.spec_config()
         self.max_len: int | None = None   # the engine's context limit (the scheduler sets it)
         self.preemptions = 0          # sequences retracted for want of KV blocks (a counter)
+        self.preempted: dict[int, int] = {}   # the same, by the retracted request's priority
+
+    def new_lane(self) -> Lane:
+        """The waiting queue this policy serves from (FIFO here; `engine.priority` orders it)."""
+        return Lane()
+
+    def _retract(self, out: Plan, victim: Sequence, cause: str) -> None:
+        out.retracted.append(victim)
+        out.causes.append(cause)
+        self.preemptions += 1
+        self.preempted[victim.priority] = self.preempted.get(victim.priority, 0) + 1
 
     def plan(self, running: list[Sequence], lanes: list[Lane], bm: BlockManager) -> Plan:
         """Choose the next step. `running` is oldest-first and may shrink (retraction);
@@ -82,7 +107,9 @@ class BatchPolicy:
         cfg = self.config
         out = Plan()
         budget = cfg.max_batch_tokens
+        budget -= self._before(out, running, lanes, bm)
         spec = self.spec.enabled and len(running) <= self.spec.max_batch
+        kv_short = False
         i = 0
         while i < len(running) and budget > 0 and len(out.batch) < cfg.max_num_seqs:
             seq = running[i]
@@ -99,15 +126,15 @@ class BatchPolicy:
                 victim = running[-1]
                 running.pop()
                 bm.free(victim)
-                out.retracted.append(victim)
-                self.preemptions += 1
+                self._retract(out, victim, KV_PRESSURE)
+                kv_short = True
                 if victim is seq:
                     break
                 continue
             out.batch.append((seq, n))
             budget -= n
             i += 1
-        if out.retracted:
+        if kv_short:
             return out  # memory is short: admit nothing new this step
         for lane in lanes:
             while lane and budget > 0 and len(out.batch) < cfg.max_num_seqs:
@@ -115,14 +142,28 @@ class BatchPolicy:
                 cached = bm.match_prefix(seq)
                 n = min(seq.num_uncomputed, budget, cfg.max_prefill_chunk)
                 if not bm.allocate(seq, n):
-                    bm.abort_match(seq)     # stays queued; its query is counted on admission
-                    return out
+                    freed = self._make_room(out, seq, n, running, bm)
+                    if freed is None:
+                        bm.abort_match(seq)     # stays queued; its query is counted on admission
+                        return out
+                    budget += freed
                 lane.popleft()
                 running.append(seq)
                 out.admitted.append((seq, cached))
                 out.batch.append((seq, n))
                 budget -= n
         return out
+
+    # -- hooks of a policy that orders by priority (`engine.priority`); FCFS has none --------------
+    def _before(self, out: Plan, running: list[Sequence], lanes: list[Lane], bm: BlockManager) -> int:
+        """Called before the running sequences are planned; returns budget it used (none)."""
+        return 0
+
+    def _make_room(self, out: Plan, seq: Sequence, n: int, running: list[Sequence],
+                   bm: BlockManager) -> int | None:
+        """Waiting `seq` does not fit: free room for it by retracting others and allocate its
+        `n` tokens, returning the step budget given back; None: it waits (FCFS never overtakes)."""
+        return None
 
     def _speculate(self, seq: Sequence, budget: int, bm: BlockManager) -> bool:
         """Give a decoding `seq` drafts (`seq.draft`) when it is eligible, some are proposed and

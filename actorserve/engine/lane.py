@@ -10,6 +10,9 @@ makes every operation the scheduler needs O(1): append at the tail, put back at 
 (retraction), pop or peek the head, and remove any member (`discard`). A plain ``dict`` would
 not do: popping its head leaves a hole that every later look at the head walks over again.
 
+A lane also keeps the sum of its members' prompt lengths (`tokens`): admission by queued
+prompt tokens (``--max-queued-tokens``) reads it in O(1).
+
 The surface is the subset of ``deque`` the scheduler and the batching policy use, with the
 same meaning (``extendleft`` reverses its argument, as ``deque.extendleft`` does), so a
 policy written against a deque reads the same; a sequence is in a lane at most once.
@@ -22,11 +25,17 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 
+def _tokens(seq: Any) -> int:
+    ids = getattr(seq, "prompt_ids", None)
+    return len(ids) if ids is not None else 0
+
+
 class Lane:
-    __slots__ = ("_items",)
+    __slots__ = ("_items", "tokens")
 
     def __init__(self, items: Iterable[Any] = ()) -> None:
         self._items: OrderedDict[int, Any] = OrderedDict()
+        self.tokens = 0             # prompt tokens of the members
         for seq in items:
             self.append(seq)
 
@@ -36,6 +45,7 @@ class Lane:
         if key in self._items:
             raise ValueError(f"{seq!r} is already in the lane")
         self._items[key] = seq
+        self.tokens += _tokens(seq)
 
     def appendleft(self, seq: Any) -> None:
         """Add `seq` at the head (it is served next)."""
@@ -57,11 +67,17 @@ class Lane:
         """Remove and return the head; IndexError when the lane is empty."""
         if not self._items:
             raise IndexError("pop from an empty lane")
-        return self._items.popitem(last=False)[1]
+        seq = self._items.popitem(last=False)[1]
+        self.tokens -= _tokens(seq)
+        return seq
 
     def discard(self, seq: Any) -> bool:
         """Remove `seq` wherever it is; True if it was there. O(1)."""
-        return self._items.pop(id(seq), None) is not None
+        gone = self._items.pop(id(seq), None)
+        if gone is None:
+            return False
+        self.tokens -= _tokens(gone)
+        return True
 
     def rotate(self, n: int = 1) -> None:
         """As ``deque.rotate``: move `n` members from the tail to the head (negative: the other way)."""
@@ -74,6 +90,7 @@ class Lane:
 
     def clear(self) -> None:
         self._items.clear()
+        self.tokens = 0
 
     def __contains__(self, seq: object) -> bool:
         return self._items.get(id(seq)) is seq

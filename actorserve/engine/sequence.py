@@ -19,7 +19,8 @@ class Sequence:
         "rid", "kind", "prompt_ids", "output_ids", "num_computed", "num_cached",
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
         "grammar", "prompt_lp", "prompt_hashes", "prompt_hash_key",
-        "penalty_state", "draft", "spec_index", "table_epoch", "min_stop_ids",
+        "penalty_state", "draft", "spec_index", "table_epoch", "priority", "order", "admitted",
+        "min_stop_ids",
     )
 
     def __init__(
@@ -31,6 +32,7 @@ class Sequence:
         pooling: PoolingParams | None = None,
         is_probe: bool = False,
         arrival: float = 0.0,
+        priority: int = 0,
     ) -> None:
         self.rid = rid
         self.kind = "pool" if pooling is not None else "generate"
@@ -51,6 +53,11 @@ class Sequence:
         self.is_probe = is_probe
         self.engine_state: Any = None  # opaque per-sequence state of the runner (e.g. a torch.Generator)
         self.arrival = arrival
+        # Scheduling priority (``--scheduling-policy priority``, `engine.priority`), and the
+        # scheduler's arrival ordinal: ties between equal priorities go first come first served.
+        self.priority = priority
+        self.order = 0
+        self.admitted = False          # the scheduler admitted it once (a queue deadline is over)
         # The grammar matcher of a constrained request (`engine.grammar`): made on the first
         # sampled token, advanced by every one after, kept across pause and retract.
         self.grammar: Any = None

@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator
 
 from ..actors.surface import RequestHandle
 from ..engine.params import SamplingParams
-from ..messages import RequestOutput, SessionBegin, SessionEnd
+from ..messages import QUEUE_TIMEOUT, RequestOutput, SessionBegin, SessionEnd
 from .errors import APIError
 from .state import ServerContext
 
@@ -124,11 +124,20 @@ def session_rid(rid: str | None) -> str:
     return rid or uuid.uuid4().hex
 
 
+def _queue_timed_out(out: RequestOutput) -> None:
+    """``--max-queue-time`` ended the request while queued: SGLang's answer, a 503."""
+    if out.finished and out.finish_reason == "abort" and out.error == QUEUE_TIMEOUT:
+        raise APIError(503, QUEUE_TIMEOUT, code=503)
+
+
 class RequestGroup:
-    def __init__(self, ctx: ServerContext, kind: str, *, deadline_s: float | None = None) -> None:
+    def __init__(self, ctx: ServerContext, kind: str, *, deadline_s: float | None = None,
+                 priority: int | None = None) -> None:
+        ctx.runtime.check_priority(priority)     # vLLM's 400 under FCFS, before anything runs
         self.ctx = ctx
         self.kind = kind
         self.deadline_s = deadline_s      # the request's own deadline (else the server's)
+        self.priority = priority or 0     # its scheduling priority (--scheduling-policy priority)
         self.jobs: list[Job] = []
 
     def default_max(self, ids: list[int]) -> int:
@@ -140,9 +149,10 @@ class RequestGroup:
         With ``session``, the request was begun by `session_prompt` under `rid`."""
         try:
             check_prompt(self.ctx, ids)
-            timer = self.ctx.metrics.timer(self.kind) if self.ctx.metrics is not None else None
+            metrics = self.ctx.metrics
+            timer = metrics.timer(self.kind, priority=self.priority) if metrics is not None else None
             handle = self.ctx.runtime.generate(ids, sp, rid=rid, session=session,
-                                               deadline_s=self.deadline_s)
+                                               deadline_s=self.deadline_s, priority=self.priority)
         except BaseException:
             if session is not None and rid is not None:
                 task = asyncio.ensure_future(self.ctx.runtime.session(SessionEnd(session, rid, submitted=False)))
@@ -194,7 +204,10 @@ class RequestGroup:
         return merged
 
     async def collect_all(self) -> list[RequestOutput]:
-        return list(await asyncio.gather(*(self.collect(j) for j in self.jobs)))
+        outs = list(await asyncio.gather(*(self.collect(j) for j in self.jobs)))
+        for out in outs:
+            _queue_timed_out(out)
+        return outs
 
     async def iterate(self) -> AsyncIterator[tuple[Job, RequestOutput]]:
         """Outputs of all jobs, interleaved in arrival order, until every job has finished."""
@@ -202,6 +215,7 @@ class RequestGroup:
             job = self.jobs[0]
             async for out in job.handle.stream:
                 self._seen(job, out)
+                self._in_band(out)
                 yield job, out
             return
         queue: asyncio.Queue[tuple[Job, RequestOutput]] = asyncio.Queue()
@@ -216,6 +230,7 @@ class RequestGroup:
             while remaining:
                 job, out = await queue.get()
                 self._seen(job, out)
+                self._in_band(out)
                 if out.finished:
                     remaining -= 1
                 yield job, out
@@ -224,6 +239,12 @@ class RequestGroup:
                 t.cancel()
             # Wait for the pumps to let go of their streams before anyone else reads them.
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _in_band(self, out: RequestOutput) -> None:
+        """A stream that ends on the queue deadline: OpenAI routes end with SGLang's error event
+        (503); /generate keeps its in-band ``finish_reason`` (abort, status_code 503)."""
+        if self.kind != "generate":
+            _queue_timed_out(out)
 
     # -- leaving -----------------------------------------------------------------------------------
     def abort_unfinished(self) -> None:

@@ -104,6 +104,11 @@ TABLE: tuple[Metric, ...] = (
     Metric("num_preemptions", C, "requests", "Requests retracted for want of KV blocks (their KV "
            "freed, recomputed later)", vllm="vllm:num_preemptions",
            sglang="sglang:num_retracted_requests"),
+    Metric("preemptions_by_priority", C, "requests", "Requests retracted for want of KV blocks or "
+           "for a higher-priority arrival (--scheduling-policy priority), by the retracted "
+           "request's priority", labels=("priority",)),
+    Metric("queue_timeouts", C, "requests", "Requests ended by --max-queue-time while still "
+           "queued (503, \"Request waiting timeout reached.\")"),
     Metric("pause_retractions", C, "requests", "Running requests retracted by "
            "pause_generation(mode=retract)"),
     Metric("spec_decode_num_drafts", C, "steps", "Speculative verifications (--speculative): a "
@@ -153,6 +158,8 @@ TABLE: tuple[Metric, ...] = (
     Metric("request_queue_time_seconds", H, "seconds", "Time a request spent queued (its "
            "lifecycle's queued state, requeues after retraction included)", buckets=_L,
            vllm="vllm:request_queue_time_seconds", sglang="sglang:queue_time_seconds"),
+    Metric("priority_queue_time_seconds", H, "seconds", "Time a request spent queued, by its "
+           "priority (0 unless it asked for another)", buckets=_L, labels=("priority",)),
     Metric("request_prefill_time_seconds", H, "seconds", "Time a request spent in prefill "
            "(pooling: forward)", buckets=_L, vllm="vllm:request_prefill_time_seconds"),
     Metric("request_decode_time_seconds", H, "seconds", "Time a generation request spent in "

@@ -51,6 +51,11 @@ _FROM_STATS: dict[str, Callable[[Any, Any, float], float]] = {
     "requests_shed": lambda st, snap, tput: snap.shed,
     "step_isolations": lambda st, snap, tput: st.isolations,
     "isolated_failures": lambda st, snap, tput: st.isolated_failures,
+    "queue_timeouts": lambda st, snap, tput: st.queue_timeouts,
+}
+# Sampled with a label beside model_name: feed -> [(label value, value)] from the stats.
+_FROM_STATS_LABELLED: dict[str, Callable[[Any], list[tuple[str, float]]]] = {
+    "preemptions_by_priority": lambda st: [(str(p), n) for p, n in st.preempted_by_priority],
 }
 # Sampled per pooling engine: feed -> the `SchedulerStats` field.
 _FROM_POOL = {"pool_num_requests_running": "running", "pool_num_requests_waiting": "waiting",
@@ -61,8 +66,9 @@ OBSERVED = frozenset({
     "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
     "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
     "request_inference_time_seconds", "request_prompt_tokens", "request_generation_tokens",
+    "priority_queue_time_seconds",
 })
-_unfed = {m.feed for m in TABLE} - _FROM_STATS.keys() - _FROM_POOL.keys() - OBSERVED
+_unfed = {m.feed for m in TABLE} - _FROM_STATS.keys() - _FROM_STATS_LABELLED.keys() - _FROM_POOL.keys() - OBSERVED
 assert not _unfed, f"metrics in the table that nothing feeds: {sorted(_unfed)}"
 ABORTED = ("abort", "timeout")        # finish reasons SGLang's num_aborted_requests counts
 
@@ -77,6 +83,7 @@ class _Sampled(Collector):
         self.m = m
         self.stats = [ex for ex in metrics if ex.metric.feed in _FROM_STATS]
         self.pooled = [ex for ex in metrics if ex.metric.feed in _FROM_POOL]
+        self.labelled = [ex for ex in metrics if ex.metric.feed in _FROM_STATS_LABELLED]
         self._t_last = time.monotonic()
         self._tokens_last = 0
 
@@ -95,6 +102,11 @@ class _Sampled(Collector):
         for ex in self.stats:
             fam = _family(ex)
             fam.add_metric([m.model_name], _FROM_STATS[ex.metric.feed](st, snap, tput))
+            yield fam
+        for ex in self.labelled:
+            fam = _family(ex)
+            for label, value in _FROM_STATS_LABELLED[ex.metric.feed](st):
+                fam.add_metric([m.model_name, label], value)
             yield fam
         pools = m.pool_stats() if m.pool_stats is not None else {}
         if not pools:
@@ -145,10 +157,14 @@ class Metrics:
             else:
                 child.observe(value)
 
-    def timer(self, kind: str, *, model: str | None = None, generates: bool = True) -> "RequestTimer":
+    def timer(self, kind: str, *, model: str | None = None, generates: bool = True,
+              priority: int = 0) -> "RequestTimer":
         """A timer for one request of `kind` on `model` (default: the served model);
-        ``generates=False`` for pooling requests (no generation length, no decode time)."""
-        return RequestTimer(self, kind, self.model_name if model is None else model, generates)
+        ``generates=False`` for pooling requests (no generation length, no decode time);
+        ``priority``: the request's, which labels its queue time by priority."""
+        timer = RequestTimer(self, kind, self.model_name if model is None else model, generates)
+        timer.priority = priority
+        return timer
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -157,7 +173,7 @@ class Metrics:
 class RequestTimer:
     """Observes one request's output stream: first token, gaps between tokens, the end."""
 
-    __slots__ = ("m", "kind", "model", "generates", "t0", "t_last", "first", "done")
+    __slots__ = ("m", "kind", "model", "generates", "t0", "t_last", "first", "done", "priority")
 
     def __init__(self, metrics: Metrics, kind: str, model: str, generates: bool = True) -> None:
         self.m = metrics
@@ -168,6 +184,7 @@ class RequestTimer:
         self.t_last = self.t0
         self.first = True
         self.done = False
+        self.priority = 0
 
     def observe(self, out: RequestOutput) -> None:
         now = time.perf_counter()
@@ -202,6 +219,7 @@ class RequestTimer:
         prefill = t.get("prefill", 0.0) if self.generates else t.get("forward", 0.0)
         decode = t.get("decode", 0.0)
         m.observe("request_queue_time_seconds", t.get("queued", 0.0), model)
+        m.observe("priority_queue_time_seconds", t.get("queued", 0.0), model, (str(self.priority),))
         m.observe("request_prefill_time_seconds", prefill, model)
         if self.generates:
             m.observe("request_decode_time_seconds", decode, model)

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from . import sse
 from .constraints import compile_constraint, pick_constraint
+from ..messages import QUEUE_TIMEOUT
 from .errors import APIError
 from .generation import (
     Job, RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling,
@@ -47,6 +48,8 @@ def finish_reason(out: Any) -> dict[str, Any]:
         reason["message"] = "Abort in waiting queue" if out.aborted_in == "queued" else "Aborted"
     if out.error:
         reason["message"] = out.error
+    if out.error == QUEUE_TIMEOUT:       # --max-queue-time: SGLang's waiting timeout
+        reason["status_code"] = 503
     return reason
 
 
@@ -79,7 +82,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     check_accepting(ctx)
     items, batch = body.items()
     prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in items]
-    group = RequestGroup(ctx, "generate", deadline_s=body.request_timeout)
+    group = RequestGroup(ctx, "generate", deadline_s=body.request_timeout, priority=body.priority)
     params, constraints, logs = [], {}, []
     zero: set[int] = set()           # inputs with max_new_tokens 0 (`prompt_only`)
     field = "text" if body.text is not None else "input_ids"

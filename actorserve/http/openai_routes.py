@@ -86,7 +86,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     plan = plan_tools(body, ctx.tokenizer, ctx.config.tool_call_parser)
     ids = ctx.tokenizer.apply_chat_template(plan.messages, **plan.template_kwargs, **body.template_kwargs())
     ids = truncate_prompt(ids, body.truncate_prompt_tokens, ctx.capacity)
-    group = RequestGroup(ctx, "chat", deadline_s=body.request_timeout)
+    group = RequestGroup(ctx, "chat", deadline_s=body.request_timeout, priority=body.priority)
     sess = body.session_params or (SessionParams(id=body.session_id) if body.session_id else None)
     if sess is not None and body.n != 1:
         raise APIError(400, "a session request takes n = 1", param="n")
@@ -189,7 +189,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise FieldError("suffix", "suffix (fill-in-the-middle) is not supported")
     prompts = [truncate_prompt(ctx.tokenizer.encode(p) if isinstance(p, str) else p, body.truncate_prompt_tokens,
                                ctx.capacity) for p in body.prompts()]
-    group = RequestGroup(ctx, "completion", deadline_s=body.request_timeout)
+    group = RequestGroup(ctx, "completion", deadline_s=body.request_timeout, priority=body.priority)
     constraint = _grammar(body)
     grammar = constraint[0] if constraint else None
     params = [body.sampling(group.default_max(ids), grammar) for ids in prompts]

@@ -167,7 +167,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     conversation = list(parent["conversation"]) if parent else []
     plan, text, ids = _fit(ctx, body, conversation + to_messages(items))
     constraint = _constraint(body, plan)
-    group = RequestGroup(ctx, "responses", deadline_s=body.request_timeout)
+    group = RequestGroup(ctx, "responses", deadline_s=body.request_timeout, priority=body.priority)
     check_prompt(ctx, ids, "input")
     check_sampling(ctx, body.sampling(group.default_max(ids), constraint[0] if constraint else None),
                    body.logit_bias)

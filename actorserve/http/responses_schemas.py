@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictStr, WithJsonSchema
 from ..engine.params import SamplingParams
 from .errors import FieldError
 from .schemas import (
-    Id, MaxTokens, RequestTimeout, Seed, Temperature, TopLogprobs, TopP, _Body, bias_pairs, LogitBias,
+    Id, MaxTokens, Priority, RequestTimeout, Seed, Temperature, TopLogprobs, TopP, _Body, bias_pairs, LogitBias,
 )
 
 _INPUT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}, "minItems": 1}]}
@@ -57,6 +57,7 @@ class ResponsesRequest(_Body):
     seed: Seed | None = None
     logit_bias: LogitBias | None = None
     request_timeout: RequestTimeout | None = None
+    priority: Priority | None = None              # vLLM's Responses API takes it too
 
     def check(self) -> None:
         if self.background:

@@ -66,6 +66,9 @@ DEFAULT_COMPLETION_TOKENS = 16     # /v1/completions without max_tokens: OpenAI'
 # A request's own deadline in seconds (actorserve extra; else --request-timeout): past it the
 # request is aborted, finish_reason "timeout".
 RequestTimeout = Annotated[Number, Field(gt=0, le=MAX_TIMEOUT_S)]
+# Scheduling priority (vLLM's and SGLang's field): ordered under --scheduling-policy priority;
+# a non-zero one under FCFS is vLLM's 400. null and 0 are the default.
+Priority = Annotated[StrictInt, Field(ge=-INT32_MAX, le=INT32_MAX)]
 Temperature = Annotated[Number, Field(ge=0, le=MAX_TEMPERATURE)]
 TopP = Annotated[Number, Field(gt=0, le=1)]
 TopK = Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)]       # -1 = off; 0 is refused by SamplingParams
@@ -212,6 +215,7 @@ class _OpenAICommon(_Body):
     structured_outputs: StructuredOutputs | None = None    # vLLM's current form of the guided_* fields
     skip_special_tokens: StrictBool = True
     request_timeout: RequestTimeout | None = None
+    priority: Priority | None = None
     truncate_prompt_tokens: TruncatePrompt | None = None   # vLLM's: keep the last k prompt tokens
     include_stop_str_in_output: StrictBool = False         # vLLM's name,
     no_stop_trim: StrictBool = False                       # and SGLang's: keep the stop in the text
@@ -411,6 +415,7 @@ class GenerateRequest(_Body):
     return_text_in_logprobs: StrictBool = False
     session_params: SessionParams | None = None
     request_timeout: RequestTimeout | None = None
+    priority: Priority | None = None
 
     def items(self) -> tuple[list[str | list[int]], bool]:
         """The prompts, and whether the request is a batch (list in, list out)."""

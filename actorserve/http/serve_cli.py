@@ -8,7 +8,7 @@ import logging
 import sys
 
 from ..config import METRICS_AUTH, METRICS_SCHEMES, ModelConfig, RecorderConfig, SchedulerConfig, ServerConfig
-from ..engine.batching import BatchConfig
+from ..engine.batching import SCHEDULING_POLICIES, BatchConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,6 +73,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
                    help="abort every request this long after its arrival, finish_reason "
                         "timeout (default: none)")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES,
+                   help="fcfs (default): arrival order, and a non-zero request priority is a 400 "
+                        "(vLLM's answer); priority: the waiting queue by each request's priority "
+                        "(a LOWER value first, vLLM's order), then arrival, and a higher-priority "
+                        "request may retract a lower-priority running one")
+    p.add_argument("--enable-priority-scheduling", action="store_true",
+                   help="SGLang's spelling of --scheduling-policy priority, with SGLang's order: a "
+                        "HIGHER value first, unless --schedule-low-priority-values-first")
+    p.add_argument("--schedule-low-priority-values-first", action="store_true",
+                   help="with --enable-priority-scheduling: a lower value is served first (SGLang's flag)")
+    p.add_argument("--max-queue-time", type=float, default=None, metavar="SECONDS",
+                   help="end a request still waiting for its first admission this long after its "
+                        "arrival: 503 \"Request waiting timeout reached.\" (SGLang's answer; default: off)")
+    p.add_argument("--max-queued-tokens", type=int, default=None, metavar="N",
+                   help="refuse a request (503 with Retry-After, as --max-queued-requests) whose "
+                        "prompt would take the queued prompt tokens past N (default: unbounded)")
     p.add_argument("--debug-routes", action="store_true",
                    help="enable /debug/requests/{rid}, /debug/events (SSE) and /debug/diagram/{kind} "
                         "(behind --api-key when one is set)")
@@ -101,6 +117,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if getattr(args, "speculative", None):
         batch_kw.update(speculative=args.speculative, speculative_tokens=args.speculative_tokens,
                         speculative_max_batch=args.speculative_max_batch)
+    sglang_priority = bool(getattr(args, "enable_priority_scheduling", False))
+    if sglang_priority or getattr(args, "scheduling_policy", "fcfs") == "priority":
+        batch_kw["scheduling_policy"] = "priority"
+        # vLLM's flag: lower first; SGLang's alone: higher first unless told otherwise
+        batch_kw["priority_low_first"] = (getattr(args, "scheduling_policy", "fcfs") == "priority"
+                                          or bool(getattr(args, "schedule_low_priority_values_first", False)))
     from ..replay.fleet import recording_path
 
     record, replica = recording_path(args.record, getattr(args, "replica_id", None))
@@ -118,6 +140,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                                   watchdog_timeout_s=getattr(args, "watchdog_timeout", None),
                                   max_queued_requests=getattr(args, "max_queued_requests", None),
                                   request_timeout_s=getattr(args, "request_timeout", None),
+                                  max_queue_time_s=getattr(args, "max_queue_time", None),
+                                  max_queued_tokens=getattr(args, "max_queued_tokens", None),
                                   responses_store=getattr(args, "responses_store", 1000)),
         recorder=RecorderConfig(path=record, replica_id=replica),
         debug_routes=bool(getattr(args, "debug_routes", False)),

@@ -115,7 +115,7 @@ def _tuples(args: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
 
 
-REQUEST_KEYS = ("prompt", "probe", "session", "target", "deadline_s")
+REQUEST_KEYS = ("prompt", "probe", "session", "target", "deadline_s", "priority")
 
 
 def _params(d: dict[str, Any]) -> dict[str, Any]:
@@ -192,7 +192,8 @@ class _Driver:
         wd = setup.get("watchdog")
         cfg = SchedulerConfig(batch=batch or BatchConfig(**gen["batch"]), step_in_thread=False,
                               watchdog_timeout_s=wd["timeout"] if wd else None, pool_batch_wait_s=wait,
-                              responses_store=setup.get("responses_store", 1000))
+                              responses_store=setup.get("responses_store", 1000),
+                              max_queue_time_s=setup.get("max_queue_time_s"))
         self.clock = ReplayClock(self.inputs[0].t_ns / 1e9)
         self.rec = FlightRecorder(clock=self.clock, capacity=len(events) * 2 + 1024,
                                   lifecycles=LIFECYCLES.values())
@@ -284,7 +285,8 @@ class _Driver:
             stop_at = self.stops.get((e.rid, self.incarnation[e.rid]))
             rt.generate(list(d["prompt"]), SamplingParams(**_params(d)), rid=e.rid,
                         detokenizer=ReplayDetokenizer(stop_at), is_probe=d.get("probe", False),
-                        session=d.get("session"), deadline_s=d.get("deadline_s"))
+                        session=d.get("session"), deadline_s=d.get("deadline_s"),
+                        priority=d.get("priority"))
         elif e.event == "pool":
             rt.pool(list(d["prompt"]), PoolingParams(**_params(d)), rid=e.rid,
                     is_probe=d.get("probe", False), target=d.get("target"),
