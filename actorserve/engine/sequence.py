@@ -19,7 +19,7 @@ class Sequence:
         "rid", "kind", "prompt_ids", "output_ids", "num_computed", "num_cached",
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
         "grammar", "prompt_lp", "prompt_hashes", "prompt_hash_key",
-        "penalty_state", "draft", "spec_index", "table_epoch",
+        "penalty_state", "draft", "spec_index", "table_epoch", "thinking",
     )
 
     def __init__(
@@ -64,6 +64,9 @@ class Sequence:
         # and the n-gram index they are proposed from.
         self.draft: list[int] = []
         self.spec_index: Any = None
+        # The thinking budget's count of reasoning tokens (`engine.thinking.ThinkCounter`),
+        # made on the first budgeted step; it follows appends to output_ids.
+        self.thinking: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -12,7 +12,8 @@ from pydantic import BaseModel, Field, StrictBool, StrictStr, WithJsonSchema
 from ..engine.params import SamplingParams
 from .errors import FieldError
 from .schemas import (
-    Id, MaxTokens, RequestTimeout, Seed, Temperature, TopLogprobs, TopP, _Body, bias_pairs, LogitBias,
+    Id, MaxTokens, RequestTimeout, Seed, Temperature, ThinkingBudget, TopLogprobs, TopP, _Body, bias_pairs,
+    LogitBias,
 )
 
 _INPUT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}, "minItems": 1}]}
@@ -57,6 +58,10 @@ class ResponsesRequest(_Body):
     seed: Seed | None = None
     logit_bias: LogitBias | None = None
     request_timeout: RequestTimeout | None = None
+    # a reasoning model's thinking budget (`reasoning_plan`), under its three names
+    max_thinking_tokens: ThinkingBudget | None = None
+    thinking_token_budget: ThinkingBudget | None = None
+    thinking_budget: ThinkingBudget | None = None
 
     def check(self) -> None:
         if self.background:
