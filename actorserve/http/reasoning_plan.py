@@ -125,9 +125,12 @@ def plan_reasoning(ctx: Any, body: Any, prompt_ids: list[int]) -> ReasoningPlan:
                          ids, budget)
 
 
-#: chat-template variables a request may not set through chat_template_kwargs (the route's own)
+#: what a request may not set through chat_template_kwargs: the route's own arguments of the
+#: tokenizer's apply_chat_template (the template's variables are anything else)
 _RESERVED = frozenset({"messages", "conversation", "tools", "documents", "chat_template", "tokenize",
-                       "add_generation_prompt", "continue_final_message", "return_dict"})
+                       "add_generation_prompt", "continue_final_message", "sanitize_control_tokens",
+                       "padding", "truncation", "max_length", "return_tensors", "return_dict",
+                       "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
 def template_kwargs(body: Any, plan: ToolPlan) -> dict[str, Any]:
