@@ -272,3 +272,19 @@ def test_cli_flag_and_aliases():
     with pytest.raises(SystemExit):
         p.parse_args(["--reasoning-parser", "nope"])
     assert json.dumps(c.reasoning_parser)
+
+
+async def test_separate_reasoning_route():
+    async with serve(ANSWER, parser=None) as (http, oa):
+        cases = [("qwen3", f"<think>{THOUGHT}</think>{ANSWER}", THOUGHT, ANSWER),
+                 ("qwen3", ANSWER, "", ANSWER),
+                 ("deepseek-r1", f"{THOUGHT}</think>{ANSWER}", THOUGHT, ANSWER),
+                 ("deepseek_r1", "still thinking", "still thinking", "")]
+        for parser, text, reasoning, rest in cases:
+            r = await http.post("/separate_reasoning", json={"text": text, "reasoning_parser": parser})
+            assert r.status == 200 and await r.json() == {"reasoning_text": reasoning, "text": rest}
+        r = await http.post("/separate_reasoning", json={"text": "x", "reasoning_parser": "kimi"})
+        body = await r.json()
+        assert r.status == 400 and body["error"]["param"] == "reasoning_parser"
+        r = await http.post("/separate_reasoning", json={"text": "x"})
+        assert r.status == 400 and (await r.json())["error"]["param"] == "reasoning_parser"

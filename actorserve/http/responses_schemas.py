@@ -12,9 +12,9 @@ from pydantic import BaseModel, Field, StrictBool, StrictStr, WithJsonSchema
 from ..engine.params import SamplingParams
 from .errors import FieldError
 from .schemas import (
-    Id, MaxTokens, RequestTimeout, Seed, Temperature, ThinkingBudget, TopLogprobs, TopP, _Body, bias_pairs,
-    LogitBias,
+    Id, MaxTokens, RequestTimeout, Seed, Temperature, TopLogprobs, TopP, _Body, bias_pairs, LogitBias,
 )
+from .reasoning_fields import ThinkingBudgetFields
 
 _INPUT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}, "minItems": 1}]}
 Input = Annotated[Any, WithJsonSchema(_INPUT)]
@@ -32,7 +32,7 @@ class TextConfig(_Body):
     format: Obj | None = None
 
 
-class ResponsesRequest(_Body):
+class ResponsesRequest(_Body, ThinkingBudgetFields):     # + the thinking budget (`reasoning_fields`)
     ignored = frozenset({"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
                          "service_tier"})
     model: StrictStr | None = None
@@ -58,10 +58,6 @@ class ResponsesRequest(_Body):
     seed: Seed | None = None
     logit_bias: LogitBias | None = None
     request_timeout: RequestTimeout | None = None
-    # a reasoning model's thinking budget (`reasoning_plan`), under its three names
-    max_thinking_tokens: ThinkingBudget | None = None
-    thinking_token_budget: ThinkingBudget | None = None
-    thinking_budget: ThinkingBudget | None = None
 
     def check(self) -> None:
         if self.background:

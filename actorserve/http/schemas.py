@@ -38,6 +38,7 @@ from pydantic import (
 
 from ..engine.params import SamplingParams
 from .errors import FieldError
+from .reasoning_fields import ChatReasoningFields
 from .router_compat import drop_router_defaults
 from .safe_json import read_json
 
@@ -105,8 +106,6 @@ LogitBias = dict[StrictStr, Annotated[Number, Field(ge=-100, le=100)]]
 StrBatch = Annotated[list[StrictStr], Field(max_length=MAX_BATCH)]
 IdsBatch = Annotated[list[TokenIds], Field(max_length=MAX_BATCH)]
 IdBatch = Annotated[list[Id], Field(max_length=MAX_BATCH)]
-ThinkingBudget = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]   # reasoning tokens (`reasoning_plan`)
-TemplateKwargs = Annotated[dict[StrictStr, Any], Field(max_length=64)]   # extra chat-template variables
 
 
 # What the constraint fields look like (checked in full by `constraints`, which names the field).
@@ -236,7 +235,7 @@ def bias_pairs(bias: dict[str, Any] | None) -> tuple[tuple[int, float], ...]:
     return tuple((int(k), float(v)) for k, v in (bias or {}).items() if k.isascii() and k.isdigit())
 
 
-class ChatCompletionRequest(_OpenAICommon):
+class ChatCompletionRequest(_OpenAICommon, ChatReasoningFields):     # reasoning: `reasoning_fields`
     messages: Messages
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
@@ -246,14 +245,6 @@ class ChatCompletionRequest(_OpenAICommon):
     logprobs: StrictBool = False
     top_logprobs: TopLogprobs | None = None
     prompt_logprobs: TopLogprobs | None = None   # vLLM's; the response's top-level prompt_logprobs
-    # reasoning models (`reasoning_plan`; need --reasoning-parser): SGLang's split switches,
-    # the template's variables (enable_thinking), the thinking budget under its three names
-    chat_template_kwargs: TemplateKwargs | None = None
-    separate_reasoning: StrictBool = True
-    stream_reasoning: StrictBool = True
-    max_thinking_tokens: ThinkingBudget | None = None
-    thinking_token_budget: ThinkingBudget | None = None
-    thinking_budget: ThinkingBudget | None = None
 
     def sampling(self, default_max: int, grammar: tuple[str, str] | None = None) -> SamplingParams:
         mt = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
