@@ -83,6 +83,7 @@ class ServerConfig:
     recorder: RecorderConfig = field(default_factory=RecorderConfig)
     debug_routes: bool = False          # /debug/* live inspection (requests, events, diagrams)
     tool_call_parser: str | None = None  # hermes | llama3_json | mistral (None: from the chat template)
+    reasoning_parser: str | None = None  # qwen3 | deepseek-r1: split <think> into reasoning_content
     metrics_names: str = "actorserve"   # actorserve | vllm | sglang: names in /metrics (dashboards)
     metrics_auth: str = "required"      # required: /metrics needs the API key like the rest; open
 

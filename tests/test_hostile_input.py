@@ -57,6 +57,7 @@ ROUTES: dict[str, dict[str, Any]] = {
     "/pooling": {"input": "hi"},
     "/v1/pooling": {"input": [[101, 102]], "task": "embed"},
     "/invocations": CHAT,
+    "/separate_reasoning": {"text": "<think>a</think>b", "reasoning_parser": "qwen3"},
     "/v2/rerank": {"model": "tiny-llama", "query": "q", "documents": ["d"]},
     "/v2/embed": {"model": "default-embedding", "texts": ["hi"], "input_type": "search_query",
                   "embedding_types": ["float", "int8"]},

@@ -60,6 +60,12 @@ class SamplingParams:
     # masks every token the grammar cannot accept next (`engine.grammar`); `json_object` takes
     # an empty spec. Plain data, so a recording holds it and re-execution rebuilds it.
     grammar: tuple[str, str] | None = None
+    # A reasoning model's thinking budget (`engine.thinking`): after this many tokens inside
+    # ``<think>`` the next token is forced to the end tag. ``think_ids``: (start, end) tag ids;
+    # ``think_open``: the output begins inside reasoning (the prompt opened it).
+    thinking_budget: int | None = None
+    think_ids: tuple[int, int] | None = None
+    think_open: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -103,6 +109,16 @@ class SamplingParams:
             if kind not in GRAMMAR_KINDS or not isinstance(spec, str):
                 raise ParamError(f"unknown grammar kind {kind!r}; use one of {GRAMMAR_KINDS}")
             object.__setattr__(self, "grammar", (kind, spec))
+        if self.think_ids is not None:
+            start, end = (int(t) for t in self.think_ids)
+            if min(start, end) < 0 or start == end:
+                raise ParamError("think_ids are two distinct token ids >= 0 (start, end)")
+            object.__setattr__(self, "think_ids", (start, end))
+        if self.thinking_budget is not None:
+            if self.thinking_budget < 0:
+                raise ParamError(f"the thinking budget must be >= 0, got {self.thinking_budget}")
+            if self.think_ids is None:
+                raise ParamError("a thinking budget needs the model's think tag ids (a reasoning parser)")
 
     @property
     def greedy(self) -> bool:

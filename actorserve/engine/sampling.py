@@ -12,7 +12,8 @@ in a fixed pipeline (the same order as HF's logits processors / vLLM's sampler):
    semantics), the ids that would end a row still short of its ``min_tokens`` are set to
    ``-inf`` (`Sequence.stop_ids_masked`), then a constrained row's grammar bitmask sets every token it cannot accept next
    to ``-inf`` (`engine.grammar.mask_rows`; the matcher itself advances after the draw, in
-   the runner). So every later stage, greedy included, sees only allowed tokens.
+   the runner), then a row whose thinking budget is spent keeps only its ``</think>``
+   (`engine.thinking`). So every later stage, greedy included, sees only allowed tokens.
 3. **Penalties** (rows with non-default values only, one small scatter per row over the ids
    the row's context holds, kept incrementally per sequence: `engine.penalties`):
    ``repetition_penalty`` with HF semantics over prompt+output tokens (a positive logit is
@@ -49,6 +50,7 @@ from typing import Any
 import torch
 
 from .penalties import apply_penalties
+from .thinking import apply_budget
 from .sequence import Sequence
 
 __all__ = ["sample", "processed_probs", "apply_penalties", "apply_constraints", "get_generator", "SampleResult"]
@@ -171,7 +173,8 @@ def _plan(logits: torch.Tensor, seqs: list[Sequence]):
         raise ValueError(f"logits must be [B, V] with B == len(seqs); got {tuple(logits.shape)} "
                          f"for {len(seqs)} sequences")
     raw = logits = logits.float()
-    if any(s.sampling.logit_bias or s.grammar is not None or s.stop_ids_masked() for s in seqs):
+    if any(s.sampling.logit_bias or s.grammar is not None or s.sampling.thinking_budget is not None
+           or s.stop_ids_masked() for s in seqs):
         logits = logits.clone()           # raw stays the model's own distribution
         apply_constraints(logits, seqs)
     if any(s.sampling.repetition_penalty != 1.0 or s.sampling.frequency_penalty != 0.0
@@ -186,7 +189,7 @@ def _plan(logits: torch.Tensor, seqs: list[Sequence]):
 
 
 def apply_constraints(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-    """``logit_bias`` then the grammar masks, in place (see the module docstring, step 2)."""
+    """``logit_bias``, the grammar masks, then thinking budgets, in place (module docstring, step 2)."""
     vocab = logits.shape[-1]
     for i, seq in enumerate(seqs):
         bias = seq.sampling.logit_bias
@@ -201,6 +204,8 @@ def apply_constraints(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     if any(s.grammar is not None for s in seqs):
         from .grammar import mask_rows     # xgrammar loads only for constrained requests
         mask_rows(logits, seqs)
+    if any(s.sampling.thinking_budget is not None for s in seqs):
+        apply_budget(logits, seqs)         # a spent thinking budget leaves only </think>
 
 
 def _scaled(work: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> torch.Tensor:

@@ -20,7 +20,7 @@ class Sequence:
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
         "grammar", "prompt_lp", "prompt_hashes", "prompt_hash_key",
         "penalty_state", "draft", "spec_index", "table_epoch", "priority", "order", "admitted",
-        "min_stop_ids",
+        "min_stop_ids", "thinking",
     )
 
     def __init__(
@@ -71,6 +71,9 @@ class Sequence:
         # and the n-gram index they are proposed from.
         self.draft: list[int] = []
         self.spec_index: Any = None
+        # The thinking budget's count of reasoning tokens (`engine.thinking.ThinkCounter`),
+        # made on the first budgeted step; it follows appends to output_ids.
+        self.thinking: Any = None
         # The token ids that would end it (stop_token_ids, and EOS unless ignored), masked by
         # the sampler while fewer than `sampling.min_tokens` are out (set by whoever knows the
         # model's EOS: the runtime at submission).

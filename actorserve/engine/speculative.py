@@ -14,8 +14,9 @@ and is overwritten by the next step.
 
 Which requests speculate (`eligible`): greedy generation with nothing that reads the output
 token by token while sampling: no penalties (they count the tokens before each position), no
-grammar (its matcher advances token by token), nothing still short of its ``min_tokens`` (the
-ending ids are masked by the count of tokens before the step). Logprobs, top logprobs, ``logit_bias``, stop
+grammar (its matcher advances token by token), no thinking budget (it counts the output
+tokens before each position), nothing still short of its ``min_tokens`` (the ending ids are
+masked by the count of tokens before the step). Logprobs, top logprobs, ``logit_bias``, stop
 strings and stop tokens all work: each verified row is sampled like a plain decode row, and
 the scheduler applies its verdicts token by token, dropping what follows a finish. A
 non-greedy request decodes one token per step in the same batch.
@@ -63,6 +64,7 @@ def eligible(seq: Sequence) -> bool:
     """May this sequence's decode step carry drafts (module docstring)?"""
     sp = seq.sampling
     return (seq.pooling is None and not seq.is_probe and sp.greedy and sp.grammar is None
+            and sp.thinking_budget is None
             and sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0.0
             and sp.presence_penalty == 0.0 and len(seq.output_ids) >= sp.min_tokens)
 

@@ -27,13 +27,14 @@ from .errors import APIError, FieldError
 from .generation import (
     RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling, session_prompt, session_rid,
 )
+from .reasoning_plan import ChoiceStream, ReasoningPlan, plan_reasoning, template_kwargs
 from .logprobs import (
     TextOffsets, chat_logprobs, completion_logprobs, prompt_completion_logprobs, vllm_prompt_logprobs,
 )
 from .schemas import SessionParams
 from .schemas import ChatCompletionRequest, CompletionRequest, read_json
 from .state import CTX, ServerContext
-from .tools import DeltaStream, ToolPlan, plan_tools
+from .tools import ToolPlan, plan_tools
 
 
 def resolve_model(ctx: ServerContext, model: str | None) -> str:
@@ -84,15 +85,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     model = resolve_model(ctx, body.model)
     check_accepting(ctx)
     plan = plan_tools(body, ctx.tokenizer, ctx.config.tool_call_parser)
-    ids = ctx.tokenizer.apply_chat_template(plan.messages, **plan.template_kwargs, **body.template_kwargs())
+    ids = ctx.tokenizer.apply_chat_template(plan.messages, **template_kwargs(body, plan),
+                                            **body.generation_prompt_kwargs())
     ids = truncate_prompt(ids, body.truncate_prompt_tokens, ctx.capacity)
+    rplan = plan_reasoning(ctx, body, ids)
     group = RequestGroup(ctx, "chat", deadline_s=body.request_timeout, priority=body.priority)
     sess = body.session_params or (SessionParams(id=body.session_id) if body.session_id else None)
     if sess is not None and body.n != 1:
         raise APIError(400, "a session request takes n = 1", param="n")
     constraint = _grammar(body, plan)
     grammar = constraint[0] if constraint else None
-    sp = body.sampling(group.default_max(ids), grammar)     # validates before a session is joined
+    sp = rplan.sampling(body.sampling(group.default_max(ids), grammar))   # validates before a session is joined
     _no_stream_prompt_logprobs(body)
     check_prompt(ctx, ids, "messages")
     check_sampling(ctx, sp, body.logit_bias)
@@ -104,29 +107,31 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if sess is not None:   # the new messages' template extends the session's chain
             rid = session_rid(body.rid)
             ids = await session_prompt(ctx, sess, ids, rid)
-            group.submit(ids, body.sampling(group.default_max(ids), grammar), rid=rid, session=sess.id)
+            group.submit(ids, rplan.sampling(body.sampling(group.default_max(ids), grammar)), rid=rid,
+                         session=sess.id)
         else:
             group.submit_n(ids, sp, rid=body.rid)
         if not body.stream:
             outs = await group.collect_all()
             _fail_if_error(outs)
-            choices = []
+            choices, thought = [], 0
             for i, o in enumerate(outs):
-                message, finish = plan.message(o.text, o.finish_reason)
+                message, finish = rplan.message(plan, o.text, o.finish_reason)
+                thought += rplan.tokens(o.token_ids, message.get("reasoning_content"), ctx.tokenizer)
                 choices.append({"index": i, "message": message,
                                 "logprobs": chat_logprobs(ctx, o.logprobs), "finish_reason": finish,
                                 **stop_fields(o, finish, body.stop_token_ids, ctx.runtime.engine_info.eos_token_ids)})
             answer = {"id": cid, "object": "chat.completion", "created": created, "model": model,
-                      "choices": choices, "usage": _usage(outs, len(ids))}
+                      "choices": choices, "usage": rplan.add_usage(_usage(outs, len(ids)), thought)}
             if sp.prompt_logprobs is not None:      # vLLM's, for the one prompt of every choice
                 answer["prompt_logprobs"] = vllm_prompt_logprobs(ctx, outs[0].prompt_logprobs)
             return web.json_response(answer)
-        return await _stream_chat(request, ctx, group, body, plan, cid, created, model, len(ids))
+        return await _stream_chat(request, ctx, group, body, plan, rplan, cid, created, model, len(ids))
 
 
 async def _stream_chat(request: web.Request, ctx: ServerContext, group: RequestGroup,
-                       body: ChatCompletionRequest, plan: ToolPlan, cid: str, created: int, model: str,
-                       n_prompt: int) -> web.StreamResponse:
+                       body: ChatCompletionRequest, plan: ToolPlan, rplan: ReasoningPlan, cid: str,
+                       created: int, model: str, n_prompt: int) -> web.StreamResponse:
     include_usage = body.include_usage
     resp = await sse.open_sse(request)
     usage = ChunkUsage(body.continuous_usage, {job.index: n_prompt for job in group.jobs})
@@ -146,14 +151,12 @@ async def _stream_chat(request: web.Request, ctx: ServerContext, group: RequestG
         await sse.send(resp, chunk([{"index": job.index, "delta": {"role": "assistant", "content": ""},
                                      "logprobs": None, "finish_reason": None}]))
     finals: list[RequestOutput] = []
-    streams = {job.index: DeltaStream(plan) for job in group.jobs}
+    streams = {job.index: ChoiceStream(plan, rplan) for job in group.jobs}
     async with contextlib.aclosing(group.iterate()) as outputs:
         async for job, out in outputs:
             ds = streams[job.index]
             usage.add(job.index, out)
-            deltas = ds.feed(out.text)
-            if out.finished:
-                deltas += ds.finish()
+            deltas = ds.feed(out.text, out.token_ids, out.finished)
             logprobs = chat_logprobs(ctx, out.logprobs)
             if logprobs and not deltas:
                 deltas = [{"content": ""}]     # the token's text is held back (a possible tool call)
@@ -171,7 +174,9 @@ async def _stream_chat(request: web.Request, ctx: ServerContext, group: RequestG
                 finals.append(out)
     if include_usage:
         await sse.send(resp, {"id": cid, "object": "chat.completion.chunk", "created": created,
-                              "model": model, "choices": [], "usage": _usage(finals, n_prompt)})
+                              "model": model, "choices": [], "usage": rplan.add_usage(
+                                  _usage(finals, n_prompt),
+                                  sum(s.reasoning_tokens(ctx.tokenizer) for s in streams.values()))})
     await sse.done(resp)
     return resp
 

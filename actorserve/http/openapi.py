@@ -42,7 +42,8 @@ from .schemas import (
     FlushBody, GenerateRequest, OpenSessionBody, PauseBody,
 )
 from .state import CTX
-from . import classify_routes, score_routes, tokenize_routes, vllm_routes
+from . import classify_routes, reasoning_routes, score_routes, tokenize_routes, vllm_routes
+from .reasoning_routes import SeparateReasoningRequest
 from .tokenize_routes import DetokenizeRequest, TokenizeRequest
 
 OPENAPI_VERSION = "3.1.0"
@@ -129,6 +130,8 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
                                stream=True, work=True),
     tokenize_routes.tokenize: Op("Token ids of a text, texts or chat", TokenizeRequest),
     tokenize_routes.detokenize: Op("Text of token ids (or of lists of them)", DetokenizeRequest),
+    reasoning_routes.separate_reasoning: Op("Split a text's <think> reasoning off (SGLang)",
+                                            SeparateReasoningRequest),
     native_routes.model_info: Op("The model's geometry"),
     native_routes.server_info: Op("Server state, scheduler and pooling statistics, config"),
     native_routes.get_load: Op("Load per rank, as SGLang's (what sglang-router probes)"),

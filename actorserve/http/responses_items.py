@@ -8,10 +8,12 @@ input items a response keeps (``GET .../input_items``), its output items, the re
   parts ``input_text`` / ``output_text``;
 * ``function_call`` ``{call_id, name, arguments}`` (consecutive ones become one assistant
   message with ``tool_calls``) and ``function_call_output`` ``{call_id, output}`` (a ``tool``
-  message).
+  message);
+* ``reasoning`` items a client sends back from an earlier output: kept as input items, not
+  shown to the model (reasoning models' templates drop past reasoning).
 
-Anything else (images, files, reasoning, other tools' calls) is a 400 naming the item: the
-models served here are text models, and a field that is accepted has its effect.
+Anything else (images, files, other tools' calls) is a 400 naming the item: the models served
+here are text models, and a field that is accepted has its effect.
 """
 
 from __future__ import annotations
@@ -113,10 +115,20 @@ def read_input(raw: Any) -> list[dict[str, Any]]:
                 output = _text_of(output, f"{at}.output")
             items.append({"id": item.get("id") or new_id("fco"), "type": "function_call_output",
                           "call_id": item["call_id"], "output": output, "status": "completed"})
+        elif kind == "reasoning":
+            items.append(reasoning_item(_reasoning_text(item, at), "completed", item.get("id")))
         else:
             raise FieldError(f"{at}.type", f"input item type {kind!r} is not supported; use message, "
-                                           "function_call or function_call_output")
+                                           "function_call, function_call_output or reasoning")
     return items
+
+
+def _reasoning_text(item: dict[str, Any], at: str) -> str:
+    parts = item.get("content") or []
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
+                                              for p in parts):
+        raise FieldError(f"{at}.content", "a reasoning item's content is a list of reasoning_text parts")
+    return "".join(p["text"] for p in parts)
 
 
 def to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -176,16 +188,26 @@ def message_item(text: str, status: str, logprobs: list[Any] | None = None,
             "content": [part]}
 
 
+def reasoning_item(text: str, status: str, item_id: str | None = None) -> dict[str, Any]:
+    """A ``reasoning`` output item: the model's reasoning text as one ``reasoning_text`` part
+    (no summary: nothing summarises it)."""
+    return {"id": item_id or new_id("rs"), "type": "reasoning", "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": None,
+            "status": status}
+
+
 def call_item(call_id: str, name: str, arguments: str, status: str = "completed",
               item_id: str | None = None) -> dict[str, Any]:
     return {"id": item_id or new_id("fc"), "type": "function_call", "call_id": call_id, "name": name,
             "arguments": arguments, "status": status}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+          reasoning_tokens: int = 0) -> dict[str, Any]:
     return {"input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
-            "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": prompt_tokens + completion_tokens}
 
 

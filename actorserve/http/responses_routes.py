@@ -45,9 +45,10 @@ from .generation import (
     RequestGroup, check_accepting, check_admission, check_prompt, check_sampling, session_prompt,
 )
 from .openai_routes import chat_logprobs, resolve_model
+from .reasoning_plan import ReasoningPlan, plan_reasoning
 from .responses_items import (
     call_item, chat_tool_choice, chat_tools, message_item, read_input, response_id, response_object,
-    responses_param, to_messages, usage,
+    reasoning_item, responses_param, to_messages, usage,
 )
 from .responses_schemas import InputItemsQuery, ResponsesRequest
 from .responses_stream import EventStream
@@ -135,12 +136,14 @@ def _fit(ctx: ServerContext, body: ResponsesRequest,
         conversation = conversation[1:]
 
 
-def _outcome(plan: ToolPlan, out: RequestOutput,
+def _outcome(plan: ToolPlan, rplan: ReasoningPlan, out: RequestOutput,
              logprobs: list[Any] | None) -> tuple[str, list[dict[str, Any]]]:
     status = STATUS_OF.get(out.finish_reason or "error", "failed")
     item_status = "incomplete" if status == "incomplete" else "completed"
-    message, _finish = plan.message(out.text, out.finish_reason)
+    message, _finish = rplan.message(plan, out.text, out.finish_reason)
     items: list[dict[str, Any]] = []
+    if message.get("reasoning_content") is not None:      # a reasoning model's thinking first
+        items.append(reasoning_item(message["reasoning_content"], item_status))
     content = message.get("content")
     if content or not message.get("tool_calls"):
         items.append(message_item(content or "", item_status, logprobs))
@@ -167,9 +170,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     conversation = list(parent["conversation"]) if parent else []
     plan, text, ids = _fit(ctx, body, conversation + to_messages(items))
     constraint = _constraint(body, plan)
+    rplan = plan_reasoning(ctx, body, ids)
     group = RequestGroup(ctx, "responses", deadline_s=body.request_timeout, priority=body.priority)
     check_prompt(ctx, ids, "input")
-    check_sampling(ctx, body.sampling(group.default_max(ids), constraint[0] if constraint else None),
+    check_sampling(ctx, rplan.sampling(body.sampling(group.default_max(ids),
+                                                     constraint[0] if constraint else None)),
                    body.logit_bias)
     if constraint is not None:
         await compile_constraint(ctx.runtime, *constraint)
@@ -183,11 +188,13 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             raise APIError(400, res.message, code=res.detail.get("code"), param="previous_response_id"
                            if body.previous_response_id else "store")
     run = _Run(ctx, body, model, rid, created, plan, items, conversation + to_messages(items))
+    run.rplan = rplan
     try:
         await run.join_session(parent, text, ids)
         grammar = constraint[0] if constraint else None
         async with group:
-            job = group.submit(run.prompt_ids, body.sampling(group.default_max(run.prompt_ids), grammar),
+            job = group.submit(run.prompt_ids,
+                               rplan.sampling(body.sampling(group.default_max(run.prompt_ids), grammar)),
                                rid=rid, session=run.session)
             if not body.stream:
                 out = await group.collect(job)
@@ -202,7 +209,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
 async def _stream(request: web.Request, run: "_Run", group: RequestGroup) -> web.StreamResponse:
     resp = await sse.open_sse(request)
-    stream = EventStream(resp, run.plan, run.want_logprobs, run.token_logprobs)
+    stream = EventStream(resp, run.plan, run.want_logprobs, run.token_logprobs, run.rplan.splitter())
     await stream.begin(response_object(run.rid, run.body, run.model, status="in_progress",
                                        created=run.created))
     final: RequestOutput | None = None
@@ -231,6 +238,7 @@ class _Run:
         self.ctx, self.body, self.model, self.rid, self.created = ctx, body, model, rid, created
         self.plan, self.items, self.conversation = plan, items, conversation
         self.want_logprobs = body.want_logprobs
+        self.rplan = ReasoningPlan()              # the create's (`reasoning_plan`)
         self.session: str | None = None
         self.text = ""                            # the rendered prompt text
         self.prompt_ids: list[int] = []
@@ -262,14 +270,17 @@ class _Run:
     def finish(self, out: RequestOutput, items: list[dict[str, Any]] | None) -> dict[str, Any]:
         """The final response object (``items``: the streamed output items, else from the text)."""
         lps = self.token_logprobs(out.logprobs) if self.want_logprobs and out.logprobs is not None else None
-        status, parsed = _outcome(self.plan, out, lps)
+        status, parsed = _outcome(self.plan, self.rplan, out, lps)
         output = parsed if items is None else items
+        thought = next((i["content"][0]["text"] for i in output if i["type"] == "reasoning"), None)
         error = None
         if status == "failed":
             error = {"code": "server_error", "message": out.error or out.finish_reason or "failed"}
         obj = response_object(self.rid, self.body, self.model, status=status, created=self.created,
                               output=output, use=usage(out.prompt_tokens or len(self.prompt_ids),
-                                                       out.completion_tokens, out.cached_tokens),
+                                                       out.completion_tokens, out.cached_tokens,
+                                                       self.rplan.tokens(out.token_ids, thought,
+                                                                         self.ctx.tokenizer)),
                               error=error,
                               incomplete="max_output_tokens" if status == "incomplete" else None)
         self.result = (status, obj, {"session": self.session, "rid": self.rid,

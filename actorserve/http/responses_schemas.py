@@ -14,6 +14,7 @@ from .errors import FieldError
 from .schemas import (
     Id, MaxTokens, Priority, RequestTimeout, Seed, Temperature, TopLogprobs, TopP, _Body, bias_pairs, LogitBias,
 )
+from .reasoning_fields import ThinkingBudgetFields
 
 _INPUT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}, "minItems": 1}]}
 Input = Annotated[Any, WithJsonSchema(_INPUT)]
@@ -31,7 +32,7 @@ class TextConfig(_Body):
     format: Obj | None = None
 
 
-class ResponsesRequest(_Body):
+class ResponsesRequest(_Body, ThinkingBudgetFields):     # + the thinking budget (`reasoning_fields`)
     ignored = frozenset({"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
                          "service_tier"})
     model: StrictStr | None = None

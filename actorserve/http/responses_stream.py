@@ -1,6 +1,10 @@
 """A streamed `/v1/responses`: a request's outputs as the Responses API's events.
 
-``response.created``, ``response.in_progress``; for text ``response.output_item.added`` (a
+``response.created``, ``response.in_progress``; for a reasoning model's thinking (a server with
+``--reasoning-parser``) first ``response.output_item.added`` (a ``reasoning`` item),
+``response.content_part.added`` (a ``reasoning_text`` part), ``response.reasoning_text.delta``
+..., ``response.reasoning_text.done``, ``response.content_part.done``,
+``response.output_item.done`` (the item closes when the answer begins); for text ``response.output_item.added`` (a
 message), ``response.content_part.added``, ``response.output_text.delta`` ...,
 ``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``;
 for a tool call ``response.output_item.added`` (a ``function_call``),
@@ -19,7 +23,8 @@ from aiohttp import web
 
 from ..messages import RequestOutput
 from . import sse
-from .responses_items import call_item, message_item
+from .reasoning import ReasoningSplit
+from .responses_items import call_item, message_item, reasoning_item
 from .tools import DeltaStream, ToolPlan
 
 END_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete",
@@ -28,9 +33,11 @@ END_EVENT = {"completed": "response.completed", "incomplete": "response.incomple
 
 class EventStream:
     def __init__(self, resp: web.StreamResponse, plan: ToolPlan, want_logprobs: bool,
-                 token_logprobs: Any) -> None:
+                 token_logprobs: Any, split: ReasoningSplit | None = None) -> None:
         self.resp = resp
         self.deltas = DeltaStream(plan)
+        self.split = split                        # reasoning split off the text (`reasoning`)
+        self._think: int | None = None            # output index of the open reasoning item
         self.want_logprobs = want_logprobs
         self.token_logprobs = token_logprobs      # RequestOutput.logprobs -> Responses logprob dicts
         self.seq = 0
@@ -60,15 +67,54 @@ class EventStream:
         self.token_ids.extend(out.token_ids)
         if self.want_logprobs and out.logprobs:
             self._pending.extend(self.token_logprobs(out.logprobs))
-        deltas = self.deltas.feed(out.text)
+        text = out.text
+        if self.split is not None:
+            thought, text = self.split.feed(text)
+            if out.finished:
+                more_t, more_c = self.split.finish()
+                thought, text = thought + more_t, text + more_c
+            if thought:
+                await self._reasoning(thought)
+        deltas = self.deltas.feed(text)
         if out.finished:
             deltas += self.deltas.finish()
+        if deltas:
+            await self._close_reasoning("completed")
         for d in deltas:
             if "content" in d:
                 await self._content(d["content"])
             else:
                 for call in d["tool_calls"]:
                     await self._call(call)
+
+    # -- reasoning -------------------------------------------------------------------------
+    async def _reasoning(self, text: str) -> None:
+        if self._think is None:
+            item = reasoning_item("", "in_progress")
+            item["content"] = []
+            self.output.append(item)
+            self._think = len(self.output) - 1
+            await self._send("response.output_item.added", output_index=self._think, item=_copy(item))
+            item["content"] = [{"type": "reasoning_text", "text": ""}]
+            await self._send("response.content_part.added", item_id=item["id"], output_index=self._think,
+                             content_index=0, part=dict(item["content"][0]))
+        item = self.output[self._think]
+        item["content"][0]["text"] += text
+        await self._send("response.reasoning_text.delta", item_id=item["id"], output_index=self._think,
+                         content_index=0, delta=text)
+
+    async def _close_reasoning(self, status: str) -> None:
+        if self._think is None:
+            return
+        at, self._think = self._think, None
+        item = self.output[at]
+        item["status"] = status
+        part = item["content"][0]
+        await self._send("response.reasoning_text.done", item_id=item["id"], output_index=at,
+                         content_index=0, text=part["text"])
+        await self._send("response.content_part.done", item_id=item["id"], output_index=at,
+                         content_index=0, part=dict(part))
+        await self._send("response.output_item.done", output_index=at, item=_copy(item))
 
     # -- message text ----------------------------------------------------------------------
     async def _open_message(self) -> dict[str, Any]:
@@ -132,7 +178,8 @@ class EventStream:
     # -- the end ---------------------------------------------------------------------------
     async def close_items(self, status: str) -> None:
         """Close every open item (``status``: completed, or incomplete when it ran out)."""
-        if not self.output:
+        await self._close_reasoning(status)
+        if not any(i["type"] != "reasoning" for i in self.output):
             await self._open_message()      # no text and no call: one empty message, as unstreamed
         await self._close_message(status)
         for at in sorted(self._calls.values()):

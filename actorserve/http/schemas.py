@@ -39,6 +39,7 @@ from pydantic import (
 from ..engine.params import SamplingParams
 from .errors import FieldError
 from .noop_fields import drop_noop_fields
+from .reasoning_fields import ChatReasoningFields
 from .safe_json import read_json
 
 __all__ = ["read_json"]      # re-exported: the routes read bodies through here
@@ -131,7 +132,6 @@ ObjectOrJson = Annotated[Any, WithJsonSchema(_OBJECT_OR_JSON)]
 StructuredOutputs = Annotated[Any, WithJsonSchema({"type": "object", "properties": {
     "json": _OBJECT_OR_JSON, "regex": {"type": "string"}, "choice": {"type": "array", "items": {"type": "string"}},
     "grammar": {"type": "string"}, "json_object": {"type": "boolean"}, "structural_tag": {"type": "string"}}})]
-TemplateKwargs = Annotated[dict[StrictStr, Any], Field(max_length=64)]
 Spec = Annotated[StrictStr, Field(min_length=1, max_length=1 << 20)]
 Choices = Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1, max_length=1024)]
 _TOOL = {"type": "object", "required": ["type", "function"], "properties": {
@@ -280,7 +280,7 @@ def bias_pairs(bias: dict[str, Any] | None) -> tuple[tuple[int, float], ...]:
     return tuple((int(k), float(v)) for k, v in (bias or {}).items() if k.isascii() and k.isdigit())
 
 
-class ChatCompletionRequest(_OpenAICommon):
+class ChatCompletionRequest(_OpenAICommon, ChatReasoningFields):     # reasoning: `reasoning_fields`
     messages: Messages
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
@@ -293,19 +293,15 @@ class ChatCompletionRequest(_OpenAICommon):
     # vLLM's template controls: the reply's header (default) or the last message left open
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
-    chat_template_kwargs: TemplateKwargs | None = None
+    # chat_template_kwargs: `reasoning_fields.ChatReasoningFields` (checked in `reasoning_plan`)
 
-    def template_kwargs(self) -> dict[str, Any]:
-        """``add_generation_prompt`` and the rest for `TextTokenizer.apply_chat_template`."""
+    def generation_prompt_kwargs(self) -> dict[str, Any]:
+        """``add_generation_prompt`` / ``continue_final_message`` for the chat template."""
         if self.continue_final_message and self.add_generation_prompt and \
                 "add_generation_prompt" in self.model_fields_set:
             raise FieldError("continue_final_message",
                              "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-        kw = dict(self.chat_template_kwargs or {})
-        for reserved in ("add_generation_prompt", "continue_final_message", "tools", "tokenize"):
-            if reserved in kw:
-                raise FieldError(f"chat_template_kwargs.{reserved}", f"{reserved} is not a template "
-                                 "variable here; use the request field of that name")
+        kw: dict[str, Any] = {}
         if self.continue_final_message:
             if self.messages[-1].get("role") != "assistant":
                 raise FieldError("continue_final_message", "continue_final_message needs the last "

@@ -9,6 +9,7 @@ import sys
 
 from ..config import METRICS_AUTH, METRICS_SCHEMES, ModelConfig, RecorderConfig, SchedulerConfig, ServerConfig
 from ..engine.batching import SCHEDULING_POLICIES, BatchConfig
+from .reasoning import CHOICES as REASONING_CHOICES, get_format
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -94,6 +95,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(behind --api-key when one is set)")
     p.add_argument("--tool-call-parser", default=None, choices=("hermes", "llama3_json", "mistral"),
                    help="how the model writes tool calls (default: chosen from its chat template)")
+    p.add_argument("--reasoning-parser", default=None, choices=REASONING_CHOICES,
+                   help="a reasoning model's format: split <think>...</think> out of chat answers "
+                        "into reasoning_content (and the Responses API's reasoning items), and "
+                        "honour max_thinking_tokens (default: off)")
+    p.add_argument("--enable-reasoning", action="store_true",
+                   help="accepted for older vLLM / SGLang command lines; --reasoning-parser enables it")
     p.add_argument("--metrics-names", default="actorserve", choices=METRICS_SCHEMES,
                    help="metric names in /metrics: actorserve_* (default), or vLLM's vllm:* or SGLang's "
                         "sglang:*, so their published Grafana dashboards work unchanged")
@@ -146,8 +153,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         recorder=RecorderConfig(path=record, replica_id=replica),
         debug_routes=bool(getattr(args, "debug_routes", False)),
         tool_call_parser=getattr(args, "tool_call_parser", None),
+        reasoning_parser=_reasoning_parser(getattr(args, "reasoning_parser", None)),
         metrics_names=getattr(args, "metrics_names", "actorserve"),
         metrics_auth=getattr(args, "metrics_auth", "required"))
+
+
+def _reasoning_parser(name: str | None) -> str | None:
+    return None if name is None else get_format(name).name     # aliases -> the parser's name
 
 
 def run(args: argparse.Namespace) -> int:
