@@ -95,12 +95,14 @@ def completion_logprobs(ctx: ServerContext, lps: list[Any] | None, offsets_of: T
     return out
 
 
-def prompt_completion_logprobs(ctx: ServerContext, pl: Any, k: int) -> dict[str, Any] | None:
+def prompt_completion_logprobs(ctx: ServerContext, pl: Any, k: int,
+                               skip_special_tokens: bool = True) -> dict[str, Any] | None:
     """The echoed prompt's part of a completion's logprobs: its tokens with their offsets in the
-    echoed text (decoded as the echo is), the first token's logprob and top None (vLLM's)."""
+    echoed text (decoded as the echo is: a token-id prompt with its special tokens, so
+    ``skip_special_tokens`` False), the first token's logprob and top None (vLLM's)."""
     if pl is None:
         return None
-    offsets_of = TextOffsets(ctx, 0, True)
+    offsets_of = TextOffsets(ctx, 0, skip_special_tokens)
     out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for j, tid in enumerate(pl.token_ids):
         out["text_offset"].append(offsets_of.take(tid))
