@@ -74,6 +74,7 @@ class ServerConfig:
     tool_call_parser: str | None = None  # hermes | llama3_json | mistral (None: from the chat template)
     metrics_names: str = "actorserve"   # actorserve | vllm | sglang: names in /metrics (dashboards)
     metrics_auth: str = "required"      # required: /metrics needs the API key like the rest; open
+    profile_dir: str | None = None      # /start_profile's default output_dir (else SGLANG_TORCH_PROFILER_DIR, /tmp)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:

@@ -88,6 +88,7 @@ class Front:
         for path in ("/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"):
             app.router.add_get(path, self.stored_response)
         app.router.add_delete("/v1/responses/{response_id}", self.stored_response)
+        app.router.add_post("/v1/responses/{response_id}/cancel", self.stored_response)
         app.router.add_post("/v1/score", self.score)
         app.router.add_post("/score", self.score)
         app.router.add_route("*", "/{tail:.*}", self.through)
