@@ -245,6 +245,8 @@ def test_watchdog_timeout_flag():
     p = argparse.ArgumentParser()
     serve_cli.add_arguments(p)
     assert serve_cli.config_from_args(p.parse_args([])).scheduler.watchdog_timeout_s is None
+    assert serve_cli.config_from_args(p.parse_args([])).profile_dir is None
+    assert serve_cli.config_from_args(p.parse_args(["--profile-dir", "/p"])).profile_dir == "/p"
     c = serve_cli.config_from_args(p.parse_args(["--watchdog-timeout", "2.5"]))
     assert c.scheduler.watchdog_timeout_s == 2.5
 
