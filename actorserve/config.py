@@ -86,6 +86,7 @@ class ServerConfig:
     reasoning_parser: str | None = None  # qwen3 | deepseek-r1: split <think> into reasoning_content
     metrics_names: str = "actorserve"   # actorserve | vllm | sglang: names in /metrics (dashboards)
     metrics_auth: str = "required"      # required: /metrics needs the API key like the rest; open
+    profile_dir: str | None = None      # /start_profile's default output_dir (else SGLANG_TORCH_PROFILER_DIR, /tmp)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:

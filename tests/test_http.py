@@ -138,6 +138,8 @@ async def test_pause_continue_flush_abort(tiny):
         assert (await (await http.get("/is_paused")).json())["is_paused"] is False
         r = await http.post("/pause_generation", json={"mode": "in_place"})
         assert r.status == 200, await r.text()
+        paused = await r.json()
+        assert paused["status"] == "ok" and paused["success"] is True, paused     # SGLang's status
         st = await (await http.get("/is_paused")).json()
         assert st["is_paused"] is True and st["mode"] == "in_place"
         assert (await http.get("/health")).status == 200
@@ -153,7 +155,8 @@ async def test_pause_continue_flush_abort(tiny):
         assert (st.steps, st.generated_tokens) == (before.steps, before.generated_tokens)
         assert rt.request_info("held")["state"] == "queued"
         assert not waiting.done()
-        assert (await http.post("/continue_generation")).status == 200
+        cont = await http.post("/continue_generation")
+        assert cont.status == 200 and (await cont.json())["status"] == "ok"
         out = await (await waiting).json()
         assert out["meta_info"]["finish_reason"]["type"] == "length"
         assert (await (await http.get("/is_paused")).json())["is_paused"] is False

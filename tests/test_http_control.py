@@ -204,6 +204,39 @@ async def test_sessions_over_http(tiny):
         assert check(rec.events()).ok
 
 
+async def test_a_session_turns_logprob_start_len_counts_the_whole_session_prompt(tiny):
+    """SGLang checks (and applies) ``logprob_start_len`` against the turn's whole prompt: the
+    session's tokens so far + the new input, not the new chunk alone."""
+    async with serve(tiny) as (http, rt, rec):
+        await http.post("/open_session", json={"session_id": "lp"})
+        sp = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+        r = await http.post("/generate", json={"text": "The quick brown fox jumps over the lazy dog.",
+                                               "sampling_params": sp, "rid": "lp0", "session_params": {"id": "lp"}})
+        assert r.status == 200, await r.text()
+        first = (await r.json())["meta_info"]
+        so_far = first["prompt_tokens"] + first["completion_tokens"]
+        turn = {"text": " And?", "sampling_params": sp, "return_logprob": True,
+                "session_params": {"id": "lp", "rid": "lp0"}}
+        new_len = len(tiny[2].encode(" And?"))
+        start = so_far + 1                        # past the new chunk's length, inside the whole prompt
+        assert start >= new_len
+        r = await http.post("/generate", json={**turn, "rid": "lp1", "logprob_start_len": start})
+        assert r.status == 200, await r.text()
+        meta = (await r.json())["meta_info"]
+        whole = meta["prompt_tokens"]
+        assert whole > start
+        assert len(meta["input_token_logprobs"]) == whole - start       # applied to the whole prompt
+        r = await http.post("/generate", json={**turn, "rid": "lp2", "logprob_start_len": whole})
+        body = await r.json()
+        assert r.status == 400 and body["error"]["param"] == "logprob_start_len", body
+        assert f"{whole} tokens" in body["error"]["message"]
+        r = await http.post("/generate", json={**turn, "rid": "lp3", "logprob_start_len": whole - 1})
+        assert r.status == 200, await r.text()        # the refused turn left nothing behind
+        assert (await http.post("/close_session", json={"session_id": "lp"})).status == 200
+        await settle(rt)
+        assert check(rec.events()).ok
+
+
 def test_watchdog_timeout_flag():
     import argparse
 
@@ -212,6 +245,8 @@ def test_watchdog_timeout_flag():
     p = argparse.ArgumentParser()
     serve_cli.add_arguments(p)
     assert serve_cli.config_from_args(p.parse_args([])).scheduler.watchdog_timeout_s is None
+    assert serve_cli.config_from_args(p.parse_args([])).profile_dir is None
+    assert serve_cli.config_from_args(p.parse_args(["--profile-dir", "/p"])).profile_dir == "/p"
     c = serve_cli.config_from_args(p.parse_args(["--watchdog-timeout", "2.5"]))
     assert c.scheduler.watchdog_timeout_s == 2.5
 

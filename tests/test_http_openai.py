@@ -130,7 +130,7 @@ async def test_client_errors_are_openai_shaped(tiny):
         with pytest.raises(openai.BadRequestError) as too_long:
             await oa.completions.create(model=NAME, prompt=[5] * 1100, max_tokens=2)
         assert "context length" in too_long.value.message
-        h = {"Authorization": f"Bearer {KEY}"}
+        h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
         cases = [
             ("/v1/chat/completions", b"{not json"),
             ("/v1/chat/completions", json.dumps({"model": NAME, "messages": "hi"}).encode()),
@@ -161,7 +161,8 @@ async def test_auth_and_body_limit(tiny):
             with pytest.raises(openai.AuthenticationError):
                 await bad.models.list()
         big = json.dumps({"model": NAME, "prompt": "x" * 10_000}).encode()
-        resp = await http.post("/v1/completions", data=big, headers={"Authorization": f"Bearer {KEY}"})
+        resp = await http.post("/v1/completions", data=big, headers={"Authorization": f"Bearer {KEY}",
+                                                                     "Content-Type": "application/json"})
         assert resp.status == 413
         assert_error(await resp.json())
         assert (await http.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})).status == 200

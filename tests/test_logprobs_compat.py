@@ -171,7 +171,7 @@ async def test_generate_refuses_bad_values(tiny, ids):
 
 
 async def test_completions_prompt_logprobs_and_echo(tiny, ids, ref):
-    prompt = tiny[2].decode(ids)
+    prompt = tiny[2].decode(ids, skip_special_tokens=False)      # vLLM echoes a token prompt's specials
     async with serve(tiny) as (http, rt):
         r = await post(http, "/v1/completions", {"prompt": ids, "max_tokens": 3, "temperature": 0,
                                                  "prompt_logprobs": 2})
@@ -198,8 +198,9 @@ async def test_completions_prompt_logprobs_and_echo(tiny, ids, ref):
     offs = lp["text_offset"]
     assert offs == sorted(offs) and offs[len(ids)] == len(prompt)
     ends = offs[1:] + [len(choice["text"])]
-    spans = list(zip(offs, ends, lp["tokens"]))[1:]            # the BOS has no text
+    spans = list(zip(offs, ends, lp["tokens"]))
     assert [choice["text"][a:b].strip() for a, b, _ in spans] == [t.strip() for *_, t in spans]
+    assert choice["text"][offs[0]:offs[1]] == tok(tiny, ids[0])   # the BOS is echoed and has its text
     assert [len(t) for t in lp["top_logprobs"][len(ids):]] == [1] * 3     # greedy: chosen = top 1
     assert len(choice["prompt_logprobs"]) == len(ids)          # echo with logprobs: vLLM sets them
 

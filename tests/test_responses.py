@@ -388,3 +388,31 @@ async def test_a_chain_over_a_real_chat_template_ended_by_eos(smol):
         assert r2.usage.input_tokens_details.cached_tokens == cached_after(r1.usage.input_tokens,
                                                                            r1.usage.output_tokens)
         await settle(rt)
+
+
+async def test_cancel_answers_the_spec_errors_for_a_synchronous_response(tiny):
+    """OpenAI cancels only ``background: true`` responses (refused here at create): any stored
+    response is a 400, in progress or ended, and stays as it was; an unknown id is a 404."""
+    async with serving(tiny) as (http, rt, oa):
+        r = await oa.responses.create(model=NAME, input="Hello", max_output_tokens=4, temperature=0)
+        with pytest.raises(openai.BadRequestError) as sync:
+            await oa.responses.cancel(r.id)
+        assert sync.value.status_code == 400 and "Cannot cancel a synchronous response." in sync.value.message
+        assert sync.value.body["type"] == "invalid_request_error"
+        assert (await oa.responses.retrieve(r.id)).status == r.status == "incomplete"
+        with pytest.raises(openai.NotFoundError):
+            await oa.responses.cancel("resp_nope")
+        with pytest.raises(openai.BadRequestError) as bg:
+            await oa.responses.create(model=NAME, input="Hello", background=True)
+        assert bg.value.body["param"] == "background"
+        # a streamed response in progress: the cancel is refused and the stream runs to its end
+        stream = await oa.responses.create(model=NAME, input="Hi", max_output_tokens=6, temperature=0,
+                                           stream=True)
+        events = stream.__aiter__()
+        created = await events.__anext__()
+        assert created.type == "response.created"
+        with pytest.raises(openai.BadRequestError):
+            await oa.responses.cancel(created.response.id)
+        rest = [e async for e in events]
+        assert rest[-1].type == "response.incomplete" and rest[-1].response.usage.output_tokens == 6
+        await settle(rt)

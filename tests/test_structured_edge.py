@@ -169,3 +169,30 @@ async def test_a_constrained_turn_in_a_session(tiny):
         assert all(len(t) == 2 and t.isdigit() for t in texts), texts
         assert (await http.post("/close_session", json={"session_id": "s"})).status == 200
         await settle(rt)
+
+
+BAD_TAGS = [      # (structural_tag, what the 400's message must say)
+    ({"type": "structural_tag"}, "must have a format field"),
+    ({"type": "structural_tag", "format": {"type": "bogus"}}, "Format type not recognized: bogus"),
+    ({"type": "structural_tag", "format": {"type": "tag", "begin": 5, "end": "</a>",
+                                           "content": {"type": "any_text"}}}, "begin field must be a string"),
+    ({"structures": []}, "structural_tag.structures must be a non-empty list"),
+    ({"structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}], "triggers": "<a"},
+     "structural_tag.triggers must be a non-empty list"),
+    ({"structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}], "triggers": ["<b"]},
+     "structural_tag.structures[0].begin '<a>' does not start with any of the triggers ['<b']"),
+]
+
+
+async def test_a_bad_structural_tag_says_what_is_wrong_in_the_requests_terms(tiny):
+    """xgrammar's internal assertion text (``Check failed: (...) is false``) never reaches the client."""
+    async with serve(tiny) as (http, rt):
+        for tag, says in BAD_TAGS:
+            r = await http.post("/generate", json={"text": "x", "sampling_params": {"structural_tag": tag}})
+            body = await r.json()
+            assert r.status == 400 and body["error"]["param"] == "sampling_params.structural_tag", body
+            msg = body["error"]["message"]
+            assert says in msg, (tag, msg)
+            assert "Check failed" not in msg and "holds_alternative" not in msg and ".cc" not in msg, msg
+            assert "Invalid structural tag error" not in msg, msg
+        await settle(rt)

@@ -150,6 +150,27 @@ async def test_continuous_usage_stats_put_usage_on_every_chunk(tiny):
         await settle(rt)
 
 
+async def test_echo_of_a_token_prompt_shows_its_special_tokens(tiny):
+    """vLLM decodes a token-id prompt for echo with its special tokens kept (``[0, 0, 0]`` is
+    three ``<unk>``); a text prompt is echoed exactly as sent."""
+    tok = tiny[2]
+    shown = tok.decode([0, 0, 0], skip_special_tokens=False)
+    assert shown and tok.decode([0, 0, 0]) == ""          # the test means something
+    async with serve(tiny) as (http, rt), client_for(http) as oa:
+        c = await oa.completions.create(model=NAME, prompt=[0, 0, 0], max_tokens=2, echo=True, temperature=0)
+        plain = await oa.completions.create(model=NAME, prompt=[0, 0, 0], max_tokens=2, temperature=0)
+        assert c.choices[0].text == shown + plain.choices[0].text
+        lp = await oa.completions.create(model=NAME, prompt=[0, 0, 0], max_tokens=1, echo=True,
+                                         temperature=0, logprobs=0)
+        assert lp.choices[0].logprobs.text_offset[:4] == [0, 5, 10, 15] == [len(shown) * i // 3 for i in range(4)]
+        stream = await oa.completions.create(model=NAME, prompt=[0, 0, 0], max_tokens=2, echo=True,
+                                             temperature=0, stream=True)
+        assert "".join([ch.choices[0].text async for ch in stream if ch.choices]) == c.choices[0].text
+        text = await oa.completions.create(model=NAME, prompt="  one  two", max_tokens=1, echo=True, temperature=0)
+        assert text.choices[0].text.startswith("  one  two")
+        await settle(rt)
+
+
 async def test_truncate_prompt_tokens_keeps_the_last_tokens(tiny):
     tok = tiny[2]
     async with serve(tiny) as (http, rt), client_for(http) as oa:

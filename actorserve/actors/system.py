@@ -149,6 +149,13 @@ class ActorSystem:
         fut = self.loop.run_in_executor(self._executor, fn, *args)
         self.pipe(fut, target, wrap, off_loop=True)
 
+    def call_on_step_thread(self, fn: Callable[..., Any], *args: Any) -> "asyncio.Future[Any]":
+        """Run `fn(*args)` on the worker thread the model steps run on (`run_in_thread`'s one
+        thread), between two steps; the future resolves with its result."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="actorserve-step")
+        return self.loop.run_in_executor(self._executor, fn, *args)
+
     def run_inline(self, target: Actor, fn: Callable[..., Any], *args: Any,
                    wrap: Callable[[Any, BaseException | None], Any]) -> None:
         """Same contract as `run_in_thread`, but runs on the loop in its own callback (tests)."""

@@ -31,6 +31,7 @@ is converted to xgrammar's ``triggered_tags`` format; the current format passes 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from typing import Any
@@ -48,17 +49,30 @@ class GrammarError(ParamError):
 
 
 def _legacy_structural_tag(obj: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's legacy form, checked in its own terms, as xgrammar's ``triggered_tags``."""
+    structures, triggers = obj.get("structures"), obj.get("triggers")
+    if not isinstance(structures, list) or not structures:
+        raise GrammarError("structural_tag.structures must be a non-empty list of {begin, schema, end}")
+    if (not isinstance(triggers, list) or not triggers
+            or not all(isinstance(t, str) and t for t in triggers)):
+        raise GrammarError("structural_tag.triggers must be a non-empty list of non-empty strings")
     tags = []
-    for i, s in enumerate(obj.get("structures") or ()):
-        if not isinstance(s, dict) or not {"begin", "end"} <= set(s):
-            raise GrammarError(f"structural_tag.structures[{i}] needs begin, schema and end")
+    for i, s in enumerate(structures):
+        where = f"structural_tag.structures[{i}]"
+        if not isinstance(s, dict) or not all(isinstance(s.get(k), str) for k in ("begin", "end")):
+            raise GrammarError(f"{where} needs begin and end strings (and a schema)")
+        if not any(s["begin"].startswith(t) for t in triggers):
+            raise GrammarError(f"{where}.begin {s['begin']!r} does not start with any of the triggers "
+                               f"{triggers!r}")
         schema = s.get("schema", {"type": "object"})
-        schema = json.loads(schema) if isinstance(schema, str) else schema
+        try:
+            schema = json.loads(schema) if isinstance(schema, str) else schema
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"{where}.schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise GrammarError(f"{where}.schema must be a JSON schema (an object)")
         tags.append({"type": "tag", "begin": s["begin"], "end": s["end"],
                      "content": {"type": "json_schema", "json_schema": schema}})
-    triggers = obj.get("triggers")
-    if not isinstance(triggers, list) or not tags:
-        raise GrammarError("structural_tag needs non-empty structures and a list of triggers")
     return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": triggers,
                                                  "tags": tags}}
 
@@ -151,14 +165,22 @@ class GrammarBackend:
                 seq.grammar = self.matcher(seq.sampling.grammar)
 
 
+_CHECK_FAILED = re.compile(r"^Check failed: .*? is false: ")
+_TAG_ERROR = re.compile(r"^Invalid structural tag error: ")
+
+
 def _clean(exc: BaseException) -> str:
-    """xgrammar's message without its C++ source prefix (``[12:00:00] /project/x.cc:12: ...``)."""
+    """xgrammar's message in the request's terms: without its C++ source prefix
+    (``[12:00:00] /project/x.cc:12: ...``), its internal assertion (``Check failed: (...) is
+    false:``) and its own error-class label, first line only."""
     text = str(exc).strip()
     if text.startswith("[") and ": " in text:
         head, _, rest = text.partition("] ")
         if rest and ".cc:" in rest.split(" ", 1)[0]:
             text = rest.split(": ", 1)[-1]
-    return text.splitlines()[0][:500] if text else type(exc).__name__
+    text = text.splitlines()[0] if text else ""
+    text = _TAG_ERROR.sub("", _CHECK_FAILED.sub("", text))
+    return text[:500] if text else type(exc).__name__
 
 
 def mask_rows(logits: torch.Tensor, seqs: list[Sequence]) -> None:

@@ -40,6 +40,9 @@ from ..http.responses_items import replica_of
 from .supervisor import Fleet, Replica
 
 READ_TIMEOUT_S = 300.0
+#: a body goes on with the client's own Content-Type or none: aiohttp must not add one (a
+#: replica answers an untyped body by the route, an octet-stream one with a 415)
+_NO_AUTO = ("Content-Type",)
 _HOP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
                   "content-encoding"})
 FANOUT = ("/abort_request", "/pause_generation", "/continue_generation", "/flush_cache")
@@ -85,6 +88,7 @@ class Front:
         for path in ("/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"):
             app.router.add_get(path, self.stored_response)
         app.router.add_delete("/v1/responses/{response_id}", self.stored_response)
+        app.router.add_post("/v1/responses/{response_id}/cancel", self.stored_response)
         app.router.add_post("/v1/score", self.score)
         app.router.add_post("/score", self.score)
         app.router.add_route("*", "/{tail:.*}", self.through)
@@ -109,7 +113,7 @@ class Front:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         try:
             async with self.http.request(request.method, base + request.path_qs, data=body or None,
-                                         headers=headers) as up:
+                                         headers=headers, skip_auto_headers=_NO_AUTO) as up:
                 resp = web.StreamResponse(status=up.status, headers={
                     k: v for k, v in up.headers.items() if k.lower() not in _HOP})
                 await resp.prepare(request)
@@ -189,7 +193,7 @@ class Front:
         async def one(r: Replica) -> dict[str, Any]:
             try:
                 async with self.http.request(method, r.url + path, data=body or None, headers=headers,
-                                             timeout=aiohttp.ClientTimeout(total=60)) as resp:
+                                             skip_auto_headers=_NO_AUTO, timeout=aiohttp.ClientTimeout(total=60)) as resp:
                     return {"replica": r.index, "status": resp.status, "body": _loads(await resp.read())}
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 return {"replica": r.index, "status": 502, "body": exc.__class__.__name__}
@@ -232,7 +236,7 @@ class Front:
         assert self.http is not None
         try:
             async with self.http.post(target.url + "/open_session", data=await request.read() or None,
-                                      headers=self._fwd_headers(request),
+                                      headers=self._fwd_headers(request), skip_auto_headers=_NO_AUTO,
                                       timeout=aiohttp.ClientTimeout(total=60)) as up:
                 raw, status = await up.read(), up.status
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:

@@ -22,7 +22,7 @@ from ..engine.tokenizer import TextTokenizer
 from . import (
     cohere_routes, control_routes, debug_routes, native_routes, openai_routes, pooling_routes, responses_routes,
 )
-from . import classify_routes, reasoning_routes, score_routes, tokenize_routes, vllm_routes
+from . import classify_routes, profile_routes, reasoning_routes, score_routes, tokenize_routes, vllm_routes
 from .openapi import openapi_handler
 from .errors import APIError, error_middleware, error_response
 from .metrics import Metrics, metrics_handler
@@ -84,7 +84,8 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
         runtime.new_detokenizer = tokenizer.detokenizer_for
     app[CTX] = ctx
     ctx.extra["pooling"] = dict(pool_models or {})
-    app.router.add_routes(tokenize_routes.ROUTES + score_routes.ROUTES + reasoning_routes.ROUTES)
+    app.router.add_routes(tokenize_routes.ROUTES + score_routes.ROUTES + reasoning_routes.ROUTES
+                          + profile_routes.ROUTES)
     app.router.add_routes(pooling_routes.ROUTES + cohere_routes.ROUTES)
     app.router.add_routes(classify_routes.ROUTES + vllm_routes.ROUTES)
     app.router.add_routes(openai_routes.ROUTES + responses_routes.ROUTES + native_routes.ROUTES + control_routes.ROUTES

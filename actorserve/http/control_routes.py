@@ -2,7 +2,8 @@
 `/flush_cache`, `/open_session`, `/close_session`; `/health_generate` lives in `health_routes`
 and the debug diagrams (`/debug/diagram/{kind}`) in `debug_routes`.
 
-`/open_session` answers the session id as a JSON string, as SGLang does.
+`/open_session` answers the session id as a JSON string, as SGLang does. `/pause_generation`
+and `/continue_generation` answer SGLang's ``"status": "ok"`` besides ``success`` and ``message``.
 
 Each control body becomes a control message for the runtime's control actor; a rejected
 request (e.g. flush while busy) is a 400 with the actor's reason.
@@ -27,10 +28,10 @@ async def _optional_json(request: web.Request) -> Any:
     return await read_json(request, optional=True)     # no body reads as {}
 
 
-def _answer(res: ControlResult) -> web.Response:
+def _answer(res: ControlResult, **extra: Any) -> web.Response:
     if not res.ok:
         raise APIError(400, res.message or "rejected", code="rejected")
-    return web.json_response({"success": True, "message": res.message, **res.detail})
+    return web.json_response({"success": True, "message": res.message, **extra, **res.detail})
 
 
 async def abort_request(request: web.Request) -> web.Response:
@@ -42,12 +43,12 @@ async def abort_request(request: web.Request) -> web.Response:
 
 async def pause_generation(request: web.Request) -> web.Response:
     body = PauseBody.model_validate(await _optional_json(request))
-    return _answer(await request.app[CTX].runtime.control(PauseGeneration(mode=body.mode)))
+    return _answer(await request.app[CTX].runtime.control(PauseGeneration(mode=body.mode)), status="ok")
 
 
 async def continue_generation(request: web.Request) -> web.Response:
     await _optional_json(request)
-    return _answer(await request.app[CTX].runtime.control(ContinueGeneration()))
+    return _answer(await request.app[CTX].runtime.control(ContinueGeneration()), status="ok")
 
 
 async def is_paused(request: web.Request) -> web.Response:

@@ -95,12 +95,14 @@ def completion_logprobs(ctx: ServerContext, lps: list[Any] | None, offsets_of: T
     return out
 
 
-def prompt_completion_logprobs(ctx: ServerContext, pl: Any, k: int) -> dict[str, Any] | None:
+def prompt_completion_logprobs(ctx: ServerContext, pl: Any, k: int,
+                               skip_special_tokens: bool = True) -> dict[str, Any] | None:
     """The echoed prompt's part of a completion's logprobs: its tokens with their offsets in the
-    echoed text (decoded as the echo is), the first token's logprob and top None (vLLM's)."""
+    echoed text (decoded as the echo is: a token-id prompt with its special tokens, so
+    ``skip_special_tokens`` False), the first token's logprob and top None (vLLM's)."""
     if pl is None:
         return None
-    offsets_of = TextOffsets(ctx, 0, True)
+    offsets_of = TextOffsets(ctx, 0, skip_special_tokens)
     out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for j, tid in enumerate(pl.token_ids):
         out["text_offset"].append(offsets_of.take(tid))
@@ -152,15 +154,23 @@ class NativeLogprobs:
     ids: list[int] | None       # token_ids_logprob
 
     @classmethod
-    def of(cls, body: Any, i: int, n_items: int, prompt_len: int) -> "NativeLogprobs":
+    def of(cls, body: Any, i: int, n_items: int, prompt_len: int | None) -> "NativeLogprobs":
+        """``prompt_len`` None: not known yet (a session's turn: see `check`)."""
         want = bool(item_value(body.return_logprob, i, n_items, "return_logprob"))
         start = item_value(body.logprob_start_len, i, n_items, "logprob_start_len")
         top = item_value(body.top_logprobs_num, i, n_items, "top_logprobs_num")
         ids = item_value(body.token_ids_logprob, i, n_items, "token_ids_logprob", nested=True)
-        if want and start >= prompt_len:
-            raise FieldError("logprob_start_len", f"logprob_start_len ({start}) must be less than "
+        made = cls(want, start, top, list(ids) if ids else None)
+        if prompt_len is not None:
+            made.check(prompt_len)
+        return made
+
+    def check(self, prompt_len: int) -> None:
+        """``logprob_start_len`` is a position in the whole prompt the request runs with (a
+        session's turn: the session's prompt + the new input, as SGLang counts it)."""
+        if self.want and self.start >= prompt_len:
+            raise FieldError("logprob_start_len", f"logprob_start_len ({self.start}) must be less than "
                                                   f"the prompt's {prompt_len} tokens (or -1)")
-        return cls(want, start, top, list(ids) if ids else None)
 
     def sampling(self) -> dict[str, Any]:
         """The `SamplingParams` fields it sets: prompt logprobs only from a start position."""

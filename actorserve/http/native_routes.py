@@ -23,8 +23,8 @@ from aiohttp import web
 
 from . import sse
 from .constraints import compile_constraint, pick_constraint
-from ..messages import QUEUE_TIMEOUT
-from .errors import APIError
+from ..messages import QUEUE_TIMEOUT, SessionEnd
+from .errors import APIError, FieldError
 from .generation import (
     Job, RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling,
     session_prompt, session_rid,
@@ -93,7 +93,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         if picked is not None:
             constraints[picked[0]] = picked[1]
         check_prompt(ctx, ids, f"{field}.{i}" if batch else field)
-        logs.append(NativeLogprobs.of(body, i, len(prompts), len(ids)))
+        logs.append(NativeLogprobs.of(body, i, len(prompts), None if body.session_params else len(ids)))
         params.append(dataclasses.replace(ns.to_params(128, grammar=picked[0] if picked else None),
                                           **logs[-1].sampling()))
         if params[-1].max_new_tokens == 0:      # the prefill samples one token: not answered
@@ -119,6 +119,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
         if sess is not None:
             rid = session_rid(body.rid if isinstance(body.rid, str) else None)
             ids = await session_prompt(ctx, sess, prompts[0], rid)
+            try:                     # its start is a position in the whole session prompt (SGLang's)
+                logs[0].check(len(ids))
+            except FieldError:
+                await ctx.runtime.session(SessionEnd(sess.id, rid, submitted=False))
+                raise
             job = group.submit(ids, params[0], rid=rid, session=sess.id)
             lp_of[job.index] = logs[0].collector(ctx, ids, with_text)
         for i, (ids, sp) in enumerate(zip(prompts, params)):

@@ -192,8 +192,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     check_accepting(ctx)
     if body.suffix:
         raise FieldError("suffix", "suffix (fill-in-the-middle) is not supported")
-    prompts = [truncate_prompt(ctx.tokenizer.encode(p) if isinstance(p, str) else p, body.truncate_prompt_tokens,
-                               ctx.capacity) for p in body.prompts()]
+    given = body.prompts()
+    encoded = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in given]
+    prompts = [truncate_prompt(e, body.truncate_prompt_tokens, ctx.capacity) for e in encoded]
     group = RequestGroup(ctx, "completion", deadline_s=body.request_timeout, priority=body.priority)
     constraint = _grammar(body)
     grammar = constraint[0] if constraint else None
@@ -210,7 +211,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
         await compile_constraint(ctx.runtime, *constraint)
     cid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    echo = [ctx.tokenizer.decode(ids) if body.echo else "" for ids in prompts]
+    # vLLM's echo: a text prompt as sent, a token-id prompt decoded with its special tokens shown
+    as_text = [isinstance(p, str) for p in given]
+    echo = [("" if not body.echo else p if t and len(ids) == len(e)
+             else ctx.tokenizer.decode(ids, skip_special_tokens=t))
+            for p, e, ids, t in zip(given, encoded, prompts, as_text)]
     async with group:
         for i, (ids, sp) in enumerate(zip(prompts, params)):
             rid = None if body.rid is None else (body.rid if len(prompts) == 1 else f"{body.rid}-{i}")
@@ -223,11 +228,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
         def offsets_for(i: int) -> TextOffsets:
             return TextOffsets(ctx, len(echo[i // n]), params[i // n].skip_special_tokens)
 
-        def echoed(o: RequestOutput) -> dict[str, Any] | None:
+        def echoed(o: RequestOutput, i: int) -> dict[str, Any] | None:
             """The echoed prompt's logprobs (echo with logprobs), before the choice's own."""
             if not body.echo or body.logprobs is None:
                 return None
-            return prompt_completion_logprobs(ctx, o.prompt_logprobs, body.logprobs)
+            return prompt_completion_logprobs(ctx, o.prompt_logprobs, body.logprobs, as_text[i // n])
 
         if not body.stream:
             outs = await group.collect_all()
@@ -240,7 +245,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                     for o in outs:
                         o.logprobs = None
             choices = [{"index": i, "text": echo[i // n] + o.text,
-                        "logprobs": completion_logprobs(ctx, o.logprobs, offsets_for(i), echoed(o)),
+                        "logprobs": completion_logprobs(ctx, o.logprobs, offsets_for(i), echoed(o, i)),
                         "finish_reason": o.finish_reason} for i, o in enumerate(outs)]
             if params[0].prompt_logprobs is not None:       # vLLM's, on each choice
                 for c, o in zip(choices, outs):
@@ -258,7 +263,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 text, first = out.text, None
                 if job.index not in offsets:
                     offsets[job.index] = offsets_for(job.index)
-                    text, first = echo[job.index // n] + text, echoed(out)
+                    text, first = echo[job.index // n] + text, echoed(out, job.index)
                 if not text and not out.finished and not out.logprobs:
                     continue
                 lps = completion_logprobs(ctx, out.logprobs, offsets[job.index], first)

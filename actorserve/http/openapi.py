@@ -30,7 +30,7 @@ from .. import __version__
 from ..statemachines import LIFECYCLES
 from . import (
     cohere_routes, control_routes, debug_routes, health_routes, native_routes, openai_routes, responses_routes,
-    pooling_routes,
+    pooling_routes, profile_routes,
 )
 from .cohere_schemas import CohereEmbedRequest, CohereRerankRequest
 from .responses_schemas import InputItemsQuery, ResponsePath, ResponsesRequest
@@ -166,6 +166,14 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     responses_routes.delete_response: Op("Delete a stored response", path=ResponsePath),
     responses_routes.input_items: Op("A stored response's input items", path=ResponsePath,
                                      query=InputItemsQuery),
+    responses_routes.cancel_response: Op("Cancel a background response (none here: 400 for a "
+                                         "synchronous one, 404 for an unknown id)", path=ResponsePath,
+                                         body_required=False),
+    profile_routes.start_profile: Op("Start torch's profiler on the model-step thread and the "
+                                     "lifecycle tracks (SGLang)", profile_routes.ProfileBody,
+                                     body_required=False, media="text/plain"),
+    profile_routes.stop_profile: Op("Stop profiling; writes one Perfetto trace (SGLang)",
+                                    body_required=False, media="text/plain"),
     metrics_handler: Op("Prometheus metrics", media="text/plain"),
     debug_routes.request_info: Op("A request's state and recorded history", path=RidPath),
     debug_routes.events: Op("Lifecycle events as they are recorded", query=EventsQuery, stream=True),

@@ -1,5 +1,12 @@
 """The OpenAI Responses API: ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
-``GET /v1/responses/{id}/input_items``.
+``GET /v1/responses/{id}/input_items``, ``POST /v1/responses/{id}/cancel``.
+
+**Cancel.** OpenAI cancels only a response created with ``background: true``; every other
+stored response is a 400 (``Cannot cancel a synchronous response.``, the text vLLM answers
+too), an unknown id a 404. actorserve offers no background mode (``background: true`` is a 400
+at create), so every response it stores is synchronous: cancel answers exactly those errors,
+and a synchronous response in progress is ended by its own client leaving (or
+``/abort_request`` with its rid), never by this route.
 
 A response is one generation request, built from ``instructions`` (a system message) and
 ``input`` (`responses_items`), through the chat template, with ``text.format`` and ``tools``
@@ -334,6 +341,13 @@ async def delete_response(request: web.Request) -> web.Response:
     return web.json_response({"id": entry.response_id, "object": "response", "deleted": True})
 
 
+async def cancel_response(request: web.Request) -> web.Response:
+    """OpenAI's cancel (see the module doc): 404 for an unknown id; every stored response here
+    is synchronous (background mode is refused at create), so the rest is OpenAI's 400."""
+    _stored(request)
+    raise APIError(400, "Cannot cancel a synchronous response.")
+
+
 async def input_items(request: web.Request) -> web.Response:
     entry = _stored(request)
     q = InputItemsQuery.model_validate(dict(request.query))
@@ -357,4 +371,5 @@ ROUTES = [
     web.get("/v1/responses/{response_id}", get_response),
     web.delete("/v1/responses/{response_id}", delete_response),
     web.get("/v1/responses/{response_id}/input_items", input_items),
+    web.post("/v1/responses/{response_id}/cancel", cancel_response),
 ]

@@ -25,13 +25,23 @@ So a body is read in four steps, each linear in its size:
 `read_json` wraps this for aiohttp: the Content-Type policy (below), the size limit (413 from
 aiohttp), an unreadable body (a broken ``Content-Encoding``: 400) and "the body is an object".
 
-Content-Type policy, lenient but safe. Clients are careless with the header (``curl -d`` sends
-``application/x-www-form-urlencoded``, aiohttp's ``data=bytes`` ``application/octet-stream``,
-scripts often send none), and vLLM and SGLang would refuse those; here the body is parsed as JSON
-whenever the declared type could hold JSON text: none, ``application/json``, ``*/*+json``,
-``text/plain``, ``text/json``, form-urlencoded and octet-stream; a body that then is not JSON is a
-400. A type that says the body is something else (``multipart/*``, ``image/*``, XML, ...) or a
-charset other than UTF-8 is a 415: those bodies are never guessed at.
+Content-Type policy, as vLLM's and SGLang's (FastAPI's) routes have it. A body is JSON when it
+says so: ``application/json`` or an ``application/*+json`` type, with any parameters, in UTF-8
+(no charset, or ``utf-8`` / ``ascii``). Any other declared type is a 415 in the OpenAI error
+shape, before the body is read: ``text/plain``, ``application/x-www-form-urlencoded`` (what
+``curl -d`` sends), ``application/octet-stream`` (aiohttp's ``data=bytes``), ``multipart/*``, an
+image, XML, another charset. vLLM answers all of these 415 (its ``validate_json_request``),
+SGLang 400 ("Unsupported Media Type") on its OpenAI routes and a validation error elsewhere.
+
+A body with **no** Content-Type splits the peers by route, and so does it here:
+
+* the OpenAI-compatible, vLLM and Cohere routes (``/v1/*``, ``/v2/*``, ``/tokenize``,
+  ``/detokenize``, ``/score``, ``/rerank``) refuse it with a 415, as vLLM does (SGLang: 400);
+* SGLang's native routes (`UNTYPED_JSON_PATHS`: ``/generate``, ``/encode``, ``/classify``, the
+  control routes, ``/start_profile``) parse it as JSON, as SGLang does there: FastAPI reads an
+  untyped body as JSON, and SGLang checks the type only on its OpenAI routes.
+
+A route whose body is optional takes no body (and so no Content-Type) as ``{}``.
 """
 
 from __future__ import annotations
@@ -60,8 +70,10 @@ _LONG_DIGITS = re.compile(r"\d{%d}" % (MAX_INT_DIGITS + 1))
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
-JSON_TYPES = frozenset({"application/json", "text/json", "text/plain",
-                        "application/x-www-form-urlencoded", "application/octet-stream"})
+#: SGLang's native routes: there an untyped body is read as JSON (see the module doc)
+UNTYPED_JSON_PATHS = frozenset({
+    "/generate", "/encode", "/classify", "/abort_request", "/pause_generation", "/continue_generation",
+    "/flush_cache", "/open_session", "/close_session", "/start_profile"})
 UTF8_NAMES = frozenset({"utf-8", "utf8", "us-ascii", "ascii"})
 
 
@@ -166,18 +178,30 @@ def loads(raw: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     return value
 
 
+def _unsupported(message: str) -> APIError:
+    return APIError(415, message, code="unsupported_media_type")
+
+
+def is_json_type(ctype: str) -> bool:
+    """``application/json`` or ``application/*+json`` (a lower-cased media type, no parameters)."""
+    return ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json"))
+
+
 def check_content_type(request: web.Request) -> None:
-    """415 unless the declared Content-Type could hold UTF-8 JSON text (see the module doc)."""
-    if not request.headers.get(hdrs.CONTENT_TYPE):
-        return
+    """415 unless the body is declared UTF-8 JSON, or undeclared on a route of
+    `UNTYPED_JSON_PATHS` (see the module doc)."""
+    if not request.headers.get(hdrs.CONTENT_TYPE, "").strip():
+        if request.path in UNTYPED_JSON_PATHS:
+            return
+        raise _unsupported("the request has no Content-Type; send the body as JSON with "
+                           "Content-Type: application/json")
     ctype = request.content_type
-    if ctype not in JSON_TYPES and not ctype.endswith("+json"):
-        raise APIError(415, f"Content-Type {ctype!r} is not supported; send the body as JSON "
-                            "(Content-Type: application/json)", code="unsupported_media_type")
+    if not is_json_type(ctype):
+        raise _unsupported(f"Content-Type {ctype!r} is not supported; send the body as JSON "
+                           "(Content-Type: application/json)")
     charset = request.charset
     if charset and charset.lower() not in UTF8_NAMES:
-        raise APIError(415, f"charset {charset!r} is not supported; JSON bodies must be UTF-8",
-                       code="unsupported_media_type")
+        raise _unsupported(f"charset {charset!r} is not supported; JSON bodies must be UTF-8")
 
 
 async def read_json(request: web.Request, *, optional: bool = False) -> Any:

@@ -110,6 +110,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--responses-store", type=int, default=1000, metavar="N",
                    help="/v1/responses: keep at most N ended stored responses (for GET, DELETE and "
                         "previous_response_id); past that the oldest is evicted; 0 stores none")
+    p.add_argument("--profile-dir", default=None, metavar="DIR",
+                   help="/start_profile's default output directory (a body's output_dir wins; without "
+                        "either: SGLANG_TORCH_PROFILER_DIR, else /tmp)")
     p.add_argument("--log-level", default="info")
 
 
@@ -155,7 +158,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tool_call_parser=getattr(args, "tool_call_parser", None),
         reasoning_parser=_reasoning_parser(getattr(args, "reasoning_parser", None)),
         metrics_names=getattr(args, "metrics_names", "actorserve"),
-        metrics_auth=getattr(args, "metrics_auth", "required"))
+        metrics_auth=getattr(args, "metrics_auth", "required"),
+        profile_dir=getattr(args, "profile_dir", None))
 
 
 def _reasoning_parser(name: str | None) -> str | None:
