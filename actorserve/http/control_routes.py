@@ -20,7 +20,8 @@ from ..messages import (
 )
 from .errors import APIError
 from . import health_routes
-from .schemas import AbortBody, CloseSessionBody, FlushBody, OpenSessionBody, PauseBody, read_json
+from .native_schemas import AbortBody, CloseSessionBody, FlushBody, OpenSessionBody, PauseBody
+from .schemas import read_json
 from .state import CTX
 
 

@@ -30,7 +30,8 @@ from .generation import (
     session_prompt, session_rid,
 )
 from .logprobs import NativeLogprobs
-from .schemas import GenerateRequest, read_json
+from .native_schemas import GenerateRequest
+from .schemas import read_json
 from .compat import sglang_server_fields
 from .state import CTX
 

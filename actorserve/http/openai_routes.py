@@ -21,7 +21,7 @@ from aiohttp import web
 
 from ..messages import RequestOutput
 from . import sse
-from .compat import BestOf, ChunkUsage, best_of, model_cards, stop_fields, truncate_prompt
+from .compat import ChunkUsage, best_of, model_cards, stop_fields, truncate_prompt
 from .constraints import compile_constraint, pick_constraint
 from .errors import APIError, FieldError
 from .generation import (

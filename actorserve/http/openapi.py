@@ -37,10 +37,8 @@ from .responses_schemas import InputItemsQuery, ResponsePath, ResponsesRequest
 from .metrics import metrics_handler
 from .classify_routes import ClassifyRequest
 from .pooling_routes import EmbeddingRequest, EncodeRequest, RerankRequest
-from .schemas import (
-    AbortBody, ChatCompletionRequest, CloseSessionBody, CompletionRequest,
-    FlushBody, GenerateRequest, OpenSessionBody, PauseBody,
-)
+from .native_schemas import AbortBody, CloseSessionBody, FlushBody, GenerateRequest, OpenSessionBody, PauseBody
+from .schemas import ChatCompletionRequest, CompletionRequest
 from .state import CTX
 from . import classify_routes, reasoning_routes, score_routes, tokenize_routes, vllm_routes
 from .reasoning_routes import SeparateReasoningRequest
