@@ -32,7 +32,7 @@ from actorserve.http.state import CTX
 from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder, read_recording
 from actorserve.replay.reexec import reexecute
-from actorserve.statemachines import LIFECYCLES, ResponseState
+from actorserve.statemachines import LIFECYCLES
 
 from http_support import NAME, load_tiny, settle, until
 
