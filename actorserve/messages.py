@@ -413,12 +413,20 @@ class SessionReap:
 
 @dataclass(frozen=True, slots=True)
 class ResponseBegin:
-    """A stored response is being made: note it ``in_progress``. With ``previous_id`` the answer
+    """A stored response is being made: note it ``queued``. With ``previous_id`` the answer
     carries that response's record (what a continuation is composed from), or refuses: unknown,
-    deleted or evicted, still in progress."""
+    deleted or evicted, still in progress. ``background``: made with ``background: true`` (only
+    such a response can be cancelled, `ResponseCancel`)."""
     response_id: str
     previous_id: str | None = None
-    body: Any = None              # the response object as it stands (in progress)
+    body: Any = None              # the response object as it stands (queued)
+    background: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseStarted:
+    """From the response's request actor, when the scheduler first took it: ``in_progress``."""
+    response_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +442,14 @@ class ResponseEnd:
 
 @dataclass(frozen=True, slots=True)
 class ResponseDelete:
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCancel:
+    """``POST /v1/responses/{id}/cancel``: a background response still queued or in progress is
+    aborted (an `AbortRequest` to the control actor) and the answer waits for its end; an ended
+    one is answered as it is; a synchronous one is refused."""
     response_id: str
 
 

@@ -217,9 +217,9 @@ async def test_the_store_is_bounded_and_its_lifecycle_recorded(tiny, tmp_path):
     for e in events:
         if e.kind == "response":
             hist.setdefault(e.rid, []).append(e.event)
-    assert hist == {f"response:{rs[0].id}": ["create", "run_out", "evict"],
-                    f"response:{rs[1].id}": ["create", "run_out", "delete"],
-                    f"response:{rs[2].id}": ["create", "run_out"]}
+    assert hist == {f"response:{rs[0].id}": ["create", "start", "run_out", "evict"],
+                    f"response:{rs[1].id}": ["create", "start", "run_out", "delete"],
+                    f"response:{rs[2].id}": ["create", "start", "run_out"]}
     report = await reexecute(events)
     assert report.ok, report.format()
     assert report.drift == 0
@@ -319,7 +319,7 @@ async def test_text_format_json_schema(tiny):
     ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input.0.content.0.type"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input.0.role"),
     ({"input": []}, "input"),
-    ({"input": "x", "background": True}, "background"),
+    ({"input": "x", "background": True, "store": False}, "background"),
     ({"input": "x", "include": ["file_search_call.results"]}, "include.0"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0.type"),
     ({"input": "x", "tools": [{"type": "function", "name": "bad name"}]}, "tools.0.name"),
@@ -391,8 +391,8 @@ async def test_a_chain_over_a_real_chat_template_ended_by_eos(smol):
 
 
 async def test_cancel_answers_the_spec_errors_for_a_synchronous_response(tiny):
-    """OpenAI cancels only ``background: true`` responses (refused here at create): any stored
-    response is a 400, in progress or ended, and stays as it was; an unknown id is a 404."""
+    """OpenAI cancels only ``background: true`` responses: any other stored response is a 400, in
+    progress or ended, and stays as it was; an unknown id is a 404 (background: test_responses_background)."""
     async with serving(tiny) as (http, rt, oa):
         r = await oa.responses.create(model=NAME, input="Hello", max_output_tokens=4, temperature=0)
         with pytest.raises(openai.BadRequestError) as sync:
@@ -403,8 +403,8 @@ async def test_cancel_answers_the_spec_errors_for_a_synchronous_response(tiny):
         with pytest.raises(openai.NotFoundError):
             await oa.responses.cancel("resp_nope")
         with pytest.raises(openai.BadRequestError) as bg:
-            await oa.responses.create(model=NAME, input="Hello", background=True)
-        assert bg.value.body["param"] == "background"
+            await oa.responses.create(model=NAME, input="Hello", background=True, store=False)
+        assert bg.value.body["param"] == "background" and "`store` is true" in bg.value.message
         # a streamed response in progress: the cancel is refused and the stream runs to its end
         stream = await oa.responses.create(model=NAME, input="Hi", max_output_tokens=6, temperature=0,
                                            stream=True)

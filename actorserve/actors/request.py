@@ -120,7 +120,7 @@ class RequestActor(Actor):
     __slots__ = ("rid", "state", "scheduler", "stream", "is_probe", "prompt_tokens",
                  "cached_tokens", "t_arrival", "t_first", "t_done", "deadline", "on_deadline",
                  "_deadline_timer", "durations", "_t_entered", "queue_deadline", "_queue_timer",
-                 "priority")
+                 "priority", "on_scheduled")
     lifecycle: Lifecycle
     mailbox_capacity = 4096
 
@@ -142,6 +142,9 @@ class RequestActor(Actor):
         self.queue_deadline: float | None = None    # --max-queue-time: seconds after arrival
         self._queue_timer: Any = None
         self.priority = 0                        # the request's scheduling priority
+        # (actor, message): told once, when the scheduler first takes the request (a stored
+        # response's `ResponseStarted`)
+        self.on_scheduled: tuple[Actor, Any] | None = None
         self.durations: dict[str, float] = {}    # state name -> seconds spent in it so far
         self._t_entered = 0.0                    # when the current state was entered
 
@@ -224,6 +227,10 @@ class RequestActor(Actor):
         self.cached_tokens = msg.cached_tokens
         self._cancel_queue_timer()            # admitted: the queue deadline is over
         self.fire("schedule")
+        if self.on_scheduled is not None:
+            (actor, note), self.on_scheduled = self.on_scheduled, None
+            if actor.alive:
+                actor.tell(note)
 
     @handles(Aborted)
     def _aborted(self, msg: Aborted) -> None:

@@ -1,10 +1,18 @@
 """The responses store: `/v1/responses` objects kept for ``GET``, ``DELETE`` and chaining.
 
 One `ResponseStoreActor` owns every stored response; each `StoredResponse` is the model of the
-RESPONSE lifecycle (``in_progress -> completed | incomplete | failed | cancelled``, then
-``deleted`` or ``evicted``), its transitions recorded like every other lifecycle's. Its inputs
-(`ResponseBegin`, `ResponseEnd`, `ResponseDelete`) reach it through `Runtime.session`, so they
-are recorded inputs too and re-execution reproduces the store.
+RESPONSE lifecycle (``queued -> in_progress -> completed | incomplete | failed | cancelled``,
+then ``deleted`` or ``evicted``), its transitions recorded like every other lifecycle's. Its
+inputs (`ResponseBegin`, `ResponseEnd`, `ResponseDelete`, `ResponseCancel`) reach it through
+`Runtime.session`, so they are recorded inputs too and re-execution reproduces the store;
+`ResponseStarted` comes from the response's request actor when the scheduler first takes it.
+A response's ``status`` in its stored body follows its state while it is queued / in progress.
+
+**Cancel** (background responses only): the store tells the control actor `AbortRequest` for
+the response's request (its rid is the response id), like every abort, and answers the cancel
+when the response has ended (its `ResponseEnd`, ``cancelled`` unless it ended first): a deferred
+reply, so the answer is the stored response as it ended. An ended response's cancel is answered
+with it unchanged (OpenAI: cancelling is idempotent); a synchronous response's is refused.
 
 A response's *record* is what a continuation (``previous_response_id``) is composed from: its
 conversation as chat messages (input and output), its input items, and where its tokens live,
@@ -22,26 +30,36 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from ..messages import CloseSession, ControlResult, ResponseBegin, ResponseDelete, ResponseEnd
+import asyncio
+
+from ..messages import (
+    AbortRequest, CloseSession, ControlResult, ResponseBegin, ResponseCancel, ResponseDelete, ResponseEnd,
+    ResponseStarted,
+)
 from ..statemachines import RESPONSE, ResponseState
 from .actor import Actor, handles
 
 #: the event that ends a response's generation, by the status it ends with
 END_EVENTS = {"completed": "complete", "incomplete": "run_out", "failed": "fail", "cancelled": "cancel"}
 CONTINUABLE = (ResponseState.completed, ResponseState.incomplete)
+LIVE = (ResponseState.queued, ResponseState.in_progress)
+#: why a cancelled background response's request was aborted (its recorded abort reason)
+CANCELLED = "cancelled: POST /v1/responses/{id}/cancel"
 
 
 class StoredResponse:
     """The RESPONSE lifecycle's model; `state` is written only by `RESPONSE.fire`."""
 
-    __slots__ = ("rid", "response_id", "state", "body", "record")
+    __slots__ = ("rid", "response_id", "state", "body", "record", "background", "waiters")
 
-    def __init__(self, response_id: str, body: Any) -> None:
+    def __init__(self, response_id: str, body: Any, background: bool = False) -> None:
         self.rid = f"response:{response_id}"
         self.response_id = response_id
         self.state = RESPONSE.initial
         self.body = body
         self.record: dict[str, Any] | None = None
+        self.background = background
+        self.waiters: list[asyncio.Future[Any]] = []    # cancels waiting for the end
 
     @property
     def session_id(self) -> str | None:
@@ -54,11 +72,12 @@ def _reject(message: str, code: str = "invalid_request") -> ControlResult:
 
 class ResponseStoreActor(Actor):
     def __init__(self, sessions: Actor | None = None, *, capacity: int = 1000,
-                 name: str = "responses") -> None:
+                 name: str = "responses", control: Actor | None = None) -> None:
         super().__init__(name)
         if capacity < 0:
             raise ValueError(f"the responses store's capacity must be >= 0, got {capacity}")
         self.sessions = sessions
+        self.control = control          # where a cancel's abort goes (the control actor)
         self.capacity = capacity
         self.entries: dict[str, StoredResponse] = {}
         self.ended: OrderedDict[str, None] = OrderedDict()     # ended responses, oldest first
@@ -71,6 +90,8 @@ class ResponseStoreActor(Actor):
 
     def _fire(self, r: StoredResponse, event: str) -> None:
         RESPONSE.fire(r, event, observer=self._rec)
+        if r.state in LIVE and isinstance(r.body, dict):
+            r.body = {**r.body, "status": r.state.name}
 
     # -- reads (plain data, from the loop) -----------------------------------------------------
     def get(self, response_id: str) -> StoredResponse | None:
@@ -105,21 +126,33 @@ class ResponseStoreActor(Actor):
                                "completed or incomplete response can be continued",
                                "previous_response_not_continuable")
             previous = p.record
-        r = StoredResponse(msg.response_id, msg.body)
+        r = StoredResponse(msg.response_id, msg.body, msg.background)
         self.entries[msg.response_id] = r
         if self._rec is not None:
             self._rec.created(RESPONSE, r, {"previous": msg.previous_id})
         return ControlResult(True, "ok", {"previous": previous})
 
+    @handles(ResponseStarted)
+    def _started(self, msg: ResponseStarted) -> None:
+        r = self.entries.get(msg.response_id)
+        if r is not None and r.state is ResponseState.queued:
+            self._fire(r, "start")
+
     @handles(ResponseEnd)
     def _end(self, msg: ResponseEnd) -> None:
         r = self.entries.get(msg.response_id)
-        if r is None or r.state is not ResponseState.in_progress:
+        if r is None or r.state not in LIVE:
             return
+        event = END_EVENTS[msg.status]
+        if r.state is ResponseState.queued and event not in RESPONSE.allowed(r.state):
+            self._fire(r, "start")      # it ran: its start is on the way (never seen in practice)
         r.body = msg.body
         r.record = dict(msg.record) if msg.record else None
-        self._fire(r, END_EVENTS[msg.status])
+        self._fire(r, event)
         self.ended[r.response_id] = None
+        waiters, r.waiters = r.waiters, []
+        for fut in waiters:
+            self._reply(fut, ControlResult(True, r.state.name, {"body": r.body}))
         while len(self.ended) > self.capacity:
             oldest = next(iter(self.ended))
             self._drop(self.entries[oldest], "evict")
@@ -130,11 +163,33 @@ class ResponseStoreActor(Actor):
         r = self.entries.get(msg.response_id)
         if r is None:
             return _reject(f"response {msg.response_id!r} not found", "response_not_found")
-        if r.state is ResponseState.in_progress:
-            return _reject(f"response {msg.response_id!r} is still in progress")
+        if r.state in LIVE:
+            return _reject(f"response {msg.response_id!r} is still {r.state.name}")
         self._drop(r, "delete")
         self.deleted += 1
         return ControlResult(True, "deleted", {"id": msg.response_id})
+
+    @handles(ResponseCancel)
+    def _cancel(self, msg: ResponseCancel) -> Any:
+        r = self.get(msg.response_id)
+        if r is None:
+            return _reject(f"response {msg.response_id!r} not found", "response_not_found")
+        if not r.background:
+            return _reject("Cannot cancel a synchronous response.", "not_background")
+        if r.state not in LIVE:                     # ended: answered as it is (idempotent)
+            return ControlResult(True, r.state.name, {"body": r.body})
+        fut = asyncio.get_running_loop().create_future()
+        if not r.waiters and self.control is not None and self.control.alive:
+            self.control.tell(AbortRequest(r.response_id, reason=CANCELLED))
+        r.waiters.append(fut)
+        return fut
+
+    def on_stop(self) -> None:
+        for r in self.entries.values():
+            waiters, r.waiters = r.waiters, []
+            for fut in waiters:
+                self._reply(fut, ControlResult(False, "the server is shutting down",
+                                               {"code": "shutting_down"}))
 
     def _drop(self, r: StoredResponse, event: str) -> None:
         self._fire(r, event)

@@ -50,7 +50,8 @@ from ..engine.params import ParamError, PoolingParams, SamplingParams
 from ..engine.sequence import Sequence
 from ..messages import (
     DEADLINE_EXCEEDED, AbortRequest, Aborted, ControlResult, Delivered, Drain, HealthDone, OpenSession,
-    ResponseBegin, ResponseDelete, ResponseEnd, ServerEvent, SessionEnd, Submit, Track,
+    ResponseBegin, ResponseCancel, ResponseDelete, ResponseEnd, ResponseStarted, ServerEvent, SessionEnd,
+    Submit, Track,
 )
 from ..statemachines import LIFECYCLES, ServerState
 from .actor import Actor
@@ -97,7 +98,7 @@ def changed_fields(obj: Any) -> dict[str, Any]:
     return {name: v for name, d in spec if (v := getattr(obj, name)) is not d and v != d}
 
 
-RESPONSE_INPUTS = (ResponseBegin, ResponseEnd, ResponseDelete)
+RESPONSE_INPUTS = (ResponseBegin, ResponseEnd, ResponseDelete, ResponseCancel)
 
 
 class Runtime:
@@ -119,7 +120,8 @@ class Runtime:
         self.control_actor = ControlActor(self.scheduler, pool_schedulers=self.pool_schedulers)
         self.sessions = SessionActor()                  # open/close_session via the control actor
         self.control_actor.sessions = self.sessions
-        self.responses = ResponseStoreActor(self.sessions, capacity=cfg.responses_store)
+        self.responses = ResponseStoreActor(self.sessions, capacity=cfg.responses_store,
+                                            control=self.control_actor)
         self.watchdog: WatchdogActor | None = None      # --watchdog-timeout: stall -> unhealthy
         if cfg.watchdog_timeout_s:
             self.watchdog = WatchdogActor(self.scheduler, self.control_actor, timeout=cfg.watchdog_timeout_s)
@@ -167,7 +169,7 @@ class Runtime:
                     "timeout": self.watchdog.timeout, "interval": self.watchdog.interval}}
 
     def _request_input(self, event: str, seq: Sequence, params: Any, xkey: str, extra: Any,
-                       deadline: float | None = None) -> None:
+                       deadline: float | None = None, response: str | None = None) -> None:
         """Note a request's arrival in one small dict: the parameters that differ from their
         defaults, its prompt (the sequence's own list, never changed: the note holds no copy),
         and the probe flag, session or target, and deadline when there is one."""
@@ -181,6 +183,8 @@ class Runtime:
             data[xkey] = extra
         if deadline is not None:
             data["deadline_s"] = deadline
+        if response is not None:
+            data["response"] = response
         self.recorder.input(event, rid=seq.rid, data=data)
 
     def _input(self, event: str, rid: str | None = None, **data: Any) -> None:
@@ -266,14 +270,16 @@ class Runtime:
     def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None, *,
                  rid: str | None = None, is_probe: bool = False, session: str | None = None,
                  detokenizer: Any = None, deadline_s: float | None = None,
-                 priority: int | None = None) -> RequestHandle:
+                 priority: int | None = None, response: str | None = None) -> RequestHandle:
         """``session``: the id of a session whose `SessionBegin` composed `prompt_ids` and
         reserved `rid`; the request reports its output to the session when it ends.
         The output stage detokenizes with the runtime's factory (``detokenizer`` replaces it
         for this request: tests and re-execution). ``deadline_s`` (else the runtime's
         ``request_timeout_s``) aborts the request that long after its arrival. Raises
         `Overloaded` when admission control refuses it. ``priority``: its scheduling priority
-        (``--scheduling-policy priority``; a non-zero one under FCFS is a `ParamError`)."""
+        (``--scheduling-policy priority``; a non-zero one under FCFS is a `ParamError`).
+        ``response``: the id of the stored response this request makes; the request tells the
+        responses store `ResponseStarted` when the scheduler first takes it."""
         rid = self._rid(rid)
         self.check_priority(priority)
         self._admit(self.scheduler, is_probe, len(prompt_ids))
@@ -285,13 +291,15 @@ class Runtime:
             eos = () if sp.ignore_eos else tuple(self.engine_info.eos_token_ids)
             seq.min_stop_ids = tuple(dict.fromkeys((*sp.stop_token_ids, *eos)))
         if self.recorder is not None:
-            self._request_input("generate", seq, sp, "session", session, deadline)
+            self._request_input("generate", seq, sp, "session", session, deadline, response)
         if detokenizer is None and self.new_detokenizer is not None:
             detokenizer = self.new_detokenizer(sp)
         actor = GenerationActor(rid, scheduler=self.scheduler, prompt_tokens=len(prompt_ids),
                                 logprobs=sp.logprobs, is_probe=is_probe,
                                 session=None if session is None else (self.sessions, session))
         actor.priority = seq.priority
+        if response is not None:
+            actor.on_scheduled = (self.responses, ResponseStarted(response))
         self.stage.tell(Track(rid, actor, detokenizer))
         return self._submit(actor, seq, deadline)
 
@@ -320,8 +328,8 @@ class Runtime:
     def session(self, message: Any) -> "asyncio.Future[ControlResult]":
         """Ask the session actor directly (`SessionBegin` when a request joins a session);
         `SessionEnd(submitted=False)` is told, for a begun request that was never submitted.
-        The responses store's inputs (`ResponseBegin`, `ResponseEnd`: told, `ResponseDelete`)
-        go to the store the same way."""
+        The responses store's inputs (`ResponseBegin`, `ResponseEnd`: told, `ResponseDelete`,
+        `ResponseCancel`) go to the store the same way."""
         self._input("session", op=type(message).__name__, args=fields_of(message))
         actor = self.responses if isinstance(message, RESPONSE_INPUTS) else self.sessions
         if isinstance(message, (SessionEnd, ResponseEnd)):

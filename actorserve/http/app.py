@@ -24,6 +24,7 @@ from . import (
 )
 from . import classify_routes, profile_routes, reasoning_routes, score_routes, tokenize_routes, vllm_routes
 from .openapi import openapi_handler
+from .responses_background import BackgroundRuns
 from .errors import APIError, error_middleware, error_response
 from .metrics import Metrics, metrics_handler
 from .state import CTX, ServerContext
@@ -65,6 +66,11 @@ async def _runtime_lifetime(app: web.Application) -> AsyncIterator[None]:
     await rt.start()
     yield
     await rt.shutdown()
+    await app[CTX].background.close()     # each background reader's stream ended with the runtime
+
+
+async def _leave_background(app: web.Application) -> None:
+    await app[CTX].background.close(cancel=True)    # not our runtime: abort what still runs
 
 
 def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, served_name: str,
@@ -76,7 +82,7 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
                                        auth_middleware(config.api_key, open_paths(config))])
     app.on_response_prepare.append(_echo_request_id)
     ctx = ServerContext(runtime=runtime, tokenizer=tokenizer, config=config, served_name=served_name,
-                        created=int(time.time()))
+                        created=int(time.time()), background=BackgroundRuns(runtime.responses.capacity))
     ctx.metrics = Metrics(runtime.stats, runtime.snapshot, runtime.pool_stats, model_name=served_name,
                           scheme=config.metrics_names,
                           pool_names={t: pm.name for t, pm in (pool_models or {}).items()})
@@ -94,4 +100,6 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
         debug_routes.setup(app)
     if own_runtime:
         app.cleanup_ctx.append(_runtime_lifetime)
+    else:
+        app.on_cleanup.append(_leave_background)
     return app

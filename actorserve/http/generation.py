@@ -144,15 +144,17 @@ class RequestGroup:
         return max(1, self.ctx.capacity - len(ids))
 
     def submit(self, ids: list[int], sp: SamplingParams, *, rid: str | None = None,
-               session: str | None = None) -> Job:
+               session: str | None = None, response: str | None = None) -> Job:
         """Submit one request (one choice); `sp.n` is ignored here (see `submit_n`).
-        With ``session``, the request was begun by `session_prompt` under `rid`."""
+        With ``session``, the request was begun by `session_prompt` under `rid`; ``response``:
+        the stored response it makes (`Runtime.generate`)."""
         try:
             check_prompt(self.ctx, ids)
             metrics = self.ctx.metrics
             timer = metrics.timer(self.kind, priority=self.priority) if metrics is not None else None
             handle = self.ctx.runtime.generate(ids, sp, rid=rid, session=session,
-                                               deadline_s=self.deadline_s, priority=self.priority)
+                                               deadline_s=self.deadline_s, priority=self.priority,
+                                               response=response)
         except BaseException:
             if session is not None and rid is not None:
                 task = asyncio.ensure_future(self.ctx.runtime.session(SessionEnd(session, rid, submitted=False)))
@@ -202,6 +204,12 @@ class RequestGroup:
                     setattr(merged, f, getattr(out, f))
         merged.text = "".join(pieces)
         return merged
+
+    async def outputs(self, job: Job) -> AsyncIterator[RequestOutput]:
+        """One job's outputs as they come, observed like every read (no in-band refusal)."""
+        async for out in job.handle.stream:
+            self._seen(job, out)
+            yield out
 
     async def collect_all(self) -> list[RequestOutput]:
         outs = list(await asyncio.gather(*(self.collect(j) for j in self.jobs)))

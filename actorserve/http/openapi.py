@@ -33,7 +33,7 @@ from . import (
     pooling_routes, profile_routes,
 )
 from .cohere_schemas import CohereEmbedRequest, CohereRerankRequest
-from .responses_schemas import InputItemsQuery, ResponsePath, ResponsesRequest
+from .responses_schemas import InputItemsQuery, ResponsePath, ResponsesRequest, RetrieveQuery
 from .metrics import metrics_handler
 from .classify_routes import ClassifyRequest
 from .pooling_routes import EmbeddingRequest, EncodeRequest, RerankRequest
@@ -160,12 +160,14 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     cohere_routes.embed_v2: Op("Embeddings by type (Cohere v2)", CohereEmbedRequest, work=True),
     responses_routes.create_response: Op("Create a response (OpenAI Responses API); stored ones "
                                          "chain through sessions", ResponsesRequest, stream=True, work=True),
-    responses_routes.get_response: Op("A stored response", path=ResponsePath),
+    responses_routes.get_response: Op("A stored response; stream=true: a background stream's events "
+                                      "after starting_after, to its end", path=ResponsePath,
+                                      query=RetrieveQuery, stream=True),
     responses_routes.delete_response: Op("Delete a stored response", path=ResponsePath),
     responses_routes.input_items: Op("A stored response's input items", path=ResponsePath,
                                      query=InputItemsQuery),
-    responses_routes.cancel_response: Op("Cancel a background response (none here: 400 for a "
-                                         "synchronous one, 404 for an unknown id)", path=ResponsePath,
+    responses_routes.cancel_response: Op("Cancel a background response (answered when it has ended; "
+                                         "400 for a synchronous one, 404 for an unknown id)", path=ResponsePath,
                                          body_required=False),
     profile_routes.start_profile: Op("Start torch's profiler on the model-step thread and the "
                                      "lifecycle tracks (SGLang)", profile_routes.ProfileBody,

@@ -222,7 +222,7 @@ def response_object(rid: str, body: Any, model: str, *, status: str, created: fl
     """The response object (`openai.types.responses.Response`'s fields) for request `body`."""
     return {
         "id": rid, "object": "response", "created_at": created, "model": model, "status": status,
-        "completed_at": time.time() if status != "in_progress" else None,
+        "completed_at": time.time() if status not in ("queued", "in_progress") else None,
         "error": error, "incomplete_details": {"reason": incomplete} if incomplete else None,
         "instructions": body.instructions, "metadata": body.metadata or {},
         "max_output_tokens": body.max_output_tokens, "output": list(output or []),
@@ -233,6 +233,6 @@ def response_object(rid: str, body: Any, model: str, *, status: str, created: fl
         "tool_choice": (body.tool_choice if body.tool_choice is not None
                         else "auto" if body.tools else "none"),
         "tools": list(body.tools or []), "text": _text_config(body),
-        "truncation": body.truncation, "store": body.store, "background": False,
+        "truncation": body.truncation, "store": body.store, "background": body.background,
         "reasoning": None, "service_tier": "default", "usage": use, "user": None,
     }

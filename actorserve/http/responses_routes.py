@@ -1,12 +1,15 @@
 """The OpenAI Responses API: ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
 ``GET /v1/responses/{id}/input_items``, ``POST /v1/responses/{id}/cancel``.
 
-**Cancel.** OpenAI cancels only a response created with ``background: true``; every other
-stored response is a 400 (``Cannot cancel a synchronous response.``, the text vLLM answers
-too), an unknown id a 404. actorserve offers no background mode (``background: true`` is a 400
-at create), so every response it stores is synchronous: cancel answers exactly those errors,
-and a synchronous response in progress is ended by its own client leaving (or
-``/abort_request`` with its rid), never by this route.
+**Background** (``background: true``, with ``store``): the create answers at once with the
+response ``queued`` (with ``stream``, its events, from a log any client can resume with
+``GET /v1/responses/{id}?stream=true&starting_after=N``); the request runs on in the runtime
+and the store follows it ``queued -> in_progress -> completed | incomplete | failed |
+cancelled`` (`responses_background`). **Cancel** (``POST /v1/responses/{id}/cancel``) aborts a
+background response still queued or in progress and answers it ``cancelled``; an ended one is
+answered unchanged (cancelling is idempotent); a synchronous one is a 400 (``Cannot cancel a
+synchronous response.``, OpenAI's and vLLM's words), an unknown id a 404. A synchronous response
+in progress is ended by its own client leaving (or ``/abort_request`` with its rid).
 
 A response is one generation request, built from ``instructions`` (a system message) and
 ``input`` (`responses_items`), through the chat template, with ``text.format`` and ``tools``
@@ -43,9 +46,9 @@ from typing import Any
 
 from aiohttp import web
 
-from ..messages import OpenSession, RequestOutput, ResponseBegin, ResponseDelete, ResponseEnd
+from ..messages import OpenSession, RequestOutput, ResponseBegin, ResponseCancel, ResponseDelete, ResponseEnd
 from ..statemachines import ResponseState
-from . import sse
+from . import responses_background, sse
 from .constraints import compile_constraint, pick_constraint
 from .errors import APIError, FieldError
 from .generation import (
@@ -57,16 +60,11 @@ from .responses_items import (
     call_item, chat_tool_choice, chat_tools, message_item, read_input, response_id, response_object,
     reasoning_item, responses_param, to_messages, usage,
 )
-from .responses_schemas import InputItemsQuery, ResponsesRequest
-from .responses_stream import EventStream
+from .responses_schemas import InputItemsQuery, ResponsesRequest, RetrieveQuery
+from .responses_stream import STATUS_OF, EventStream
 from .schemas import SessionParams, read_json
 from .state import CTX, ServerContext
 from .tools import ToolPlan, plan_tools
-
-#: a request's finish reason -> the response's status (an abort, a client gone, a deadline
-#: passed: cancelled; only a failure of the generation itself is failed)
-STATUS_OF = {"stop": "completed", "tool_calls": "completed", "length": "incomplete",
-             "abort": "cancelled", "timeout": "cancelled", "error": "failed"}
 
 
 def _previous(ctx: ServerContext, body: ResponsesRequest) -> dict[str, Any] | None:
@@ -189,20 +187,28 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     rid, created = response_id(ctx.config.recorder.replica_id), time.time()
     rt = ctx.runtime
     if body.store:
-        skeleton = response_object(rid, body, model, status="in_progress", created=created)
-        res = await rt.session(ResponseBegin(rid, body.previous_response_id, skeleton))
+        skeleton = response_object(rid, body, model, status="queued", created=created)
+        res = await rt.session(ResponseBegin(rid, body.previous_response_id, skeleton, body.background))
         if not res.ok:
             raise APIError(400, res.message, code=res.detail.get("code"), param="previous_response_id"
                            if body.previous_response_id else "store")
     run = _Run(ctx, body, model, rid, created, plan, items, conversation + to_messages(items))
     run.rplan = rplan
+    background = False
     try:
         await run.join_session(parent, text, ids)
         grammar = constraint[0] if constraint else None
+        sampling = rplan.sampling(body.sampling(group.default_max(run.prompt_ids), grammar))
+        if body.background:      # the request runs on; its reader ends the stored response
+            job = group.submit(run.prompt_ids, sampling, rid=rid, session=run.session, response=rid)
+            background = True
+            events = responses_background.start(ctx, run, group, job)
+            if events is None:
+                return web.json_response(response_object(rid, body, model, status="queued", created=created))
+            return await responses_background.follow(request, events)
         async with group:
-            job = group.submit(run.prompt_ids,
-                               rplan.sampling(body.sampling(group.default_max(run.prompt_ids), grammar)),
-                               rid=rid, session=run.session)
+            job = group.submit(run.prompt_ids, sampling, rid=rid, session=run.session,
+                               response=rid if body.store else None)
             if not body.stream:
                 out = await group.collect(job)
                 obj = run.finish(out, None)
@@ -211,7 +217,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 return web.json_response(obj)
             return await _stream(request, run, group)
     finally:
-        run.end_store()
+        if not background:
+            run.end_store()
 
 
 async def _stream(request: web.Request, run: "_Run", group: RequestGroup) -> web.StreamResponse:
@@ -226,13 +233,7 @@ async def _stream(request: web.Request, run: "_Run", group: RequestGroup) -> web
             if piece.finished:
                 final = piece
     assert final is not None
-    merged = RequestOutput(run.rid, text=stream.text, token_ids=stream.token_ids, finished=True,
-                           finish_reason=final.finish_reason, error=final.error,
-                           prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
-                           cached_tokens=final.cached_tokens)
-    status = STATUS_OF.get(final.finish_reason or "error", "failed")
-    await stream.close_items("incomplete" if status == "incomplete" else "completed")
-    await stream.end(run.finish(merged, stream.output))
+    await stream.conclude(run.rid, final, run.finish)
     await sse.close(resp)
     return resp
 
@@ -328,24 +329,46 @@ def _stored(request: web.Request) -> Any:
     return entry
 
 
-async def get_response(request: web.Request) -> web.Response:
-    return web.json_response(_stored(request).body)
+async def get_response(request: web.Request) -> web.StreamResponse:
+    """The stored response; ``stream=true``: a background stream's events after
+    ``starting_after``, then on to its end."""
+    entry = _stored(request)
+    q = RetrieveQuery.model_validate(dict(request.query))
+    q.check()
+    if not q.stream:
+        return web.json_response(entry.body)
+    events = request.app[CTX].background.log(entry.response_id)
+    if events is None:
+        raise APIError(400, f"response {entry.response_id!r} has no stream to resume: only a response "
+                            "created with background: true and stream: true keeps its events",
+                       param="stream")
+    after = -1 if q.starting_after is None else q.starting_after
+    return await responses_background.follow(request, events, after)
 
 
 async def delete_response(request: web.Request) -> web.Response:
     entry = _stored(request)
-    res = await request.app[CTX].runtime.session(ResponseDelete(entry.response_id))
+    ctx = request.app[CTX]
+    res = await ctx.runtime.session(ResponseDelete(entry.response_id))
     if not res.ok:
         raise APIError(404 if res.detail.get("code") == "response_not_found" else 400, res.message,
                        param="response_id")
+    ctx.background.forget(entry.response_id)
     return web.json_response({"id": entry.response_id, "object": "response", "deleted": True})
 
 
 async def cancel_response(request: web.Request) -> web.Response:
-    """OpenAI's cancel (see the module doc): 404 for an unknown id; every stored response here
-    is synchronous (background mode is refused at create), so the rest is OpenAI's 400."""
-    _stored(request)
-    raise APIError(400, "Cannot cancel a synchronous response.")
+    """OpenAI's cancel (see the module doc): answered when the response has ended."""
+    rid = request.match_info["response_id"]
+    res = await request.app[CTX].runtime.session(ResponseCancel(rid))
+    if not res.ok:
+        code = res.detail.get("code")
+        if code == "response_not_found":
+            raise APIError(404, res.message, code=code, param="response_id")
+        if code == "shutting_down":
+            raise APIError(503, res.message, code="server_unavailable")
+        raise APIError(400, res.message)
+    return web.json_response(res.detail["body"])
 
 
 async def input_items(request: web.Request) -> web.Response:

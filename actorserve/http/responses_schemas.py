@@ -61,8 +61,8 @@ class ResponsesRequest(_Body, ThinkingBudgetFields):     # + the thinking budget
     priority: Priority | None = None              # vLLM's Responses API takes it too
 
     def check(self) -> None:
-        if self.background:
-            raise FieldError("background", "background responses are not supported; stream instead")
+        if self.background and not self.store:      # vLLM's words (OpenAI keeps them too)
+            raise FieldError("background", "background can only be used when `store` is true")
         for i, value in enumerate(self.include or ()):
             if value not in INCLUDABLE:
                 raise FieldError(f"include.{i}", f"include {value!r} is not supported; supported: "
@@ -88,6 +88,25 @@ class InputItemsQuery(_Body):
     after: Id | None = None
     limit: Annotated[int, Field(ge=1, le=100)] = 20
     order: Literal["asc", "desc"] = "desc"
+
+
+class RetrieveQuery(_Body):
+    """``GET /v1/responses/{id}``: ``stream=true`` (with ``starting_after``, a sequence number)
+    replays a background stream's events and follows it to its end."""
+    stream: bool = False
+    starting_after: Annotated[int, Field(ge=-1)] | None = None
+    include: StrictStr | None = None            # one value (what this server can echo: see create)
+    include_obfuscation: bool | None = None     # only false: no obfuscation field is ever added
+
+    def check(self) -> None:
+        if self.include is not None and self.include not in INCLUDABLE:
+            raise FieldError("include", f"include {self.include!r} is not supported; supported: "
+                                        f"{', '.join(sorted(INCLUDABLE))}")
+        if self.include_obfuscation:
+            raise FieldError("include_obfuscation", "stream obfuscation is not supported; send "
+                                                    "include_obfuscation=false")
+        if self.starting_after is not None and not self.stream:
+            raise FieldError("starting_after", "starting_after needs stream=true")
 
 
 class ResponsePath(BaseModel):

@@ -13,11 +13,16 @@ for a tool call ``response.output_item.added`` (a ``function_call``),
 ``response.failed`` when generation failed). Every event carries its ``sequence_number`` and
 is sent with its type as the SSE ``event:`` too. Tool calls are found by the same incremental
 parser the chat route streams with (`tools.DeltaStream`).
+
+A background stream (``background: true``) goes to a ``sink`` (its `responses_background.EventLog`)
+instead of a connection, so it can be read, and resumed, by any client; it begins
+``response.created`` and ``response.queued`` (the response queued), and says
+``response.in_progress`` (`progress`) when its first output arrives.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -27,14 +32,20 @@ from .reasoning import ReasoningSplit
 from .responses_items import call_item, message_item, reasoning_item
 from .tools import DeltaStream, ToolPlan
 
+#: a request's finish reason -> the response's status (an abort, a client gone, a deadline
+#: passed: cancelled; only a failure of the generation itself is failed)
+STATUS_OF = {"stop": "completed", "tool_calls": "completed", "length": "incomplete",
+             "abort": "cancelled", "timeout": "cancelled", "error": "failed"}
 END_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete",
              "cancelled": "response.incomplete", "failed": "response.failed"}
 
 
 class EventStream:
-    def __init__(self, resp: web.StreamResponse, plan: ToolPlan, want_logprobs: bool,
-                 token_logprobs: Any, split: ReasoningSplit | None = None) -> None:
+    def __init__(self, resp: web.StreamResponse | None, plan: ToolPlan, want_logprobs: bool,
+                 token_logprobs: Any, split: ReasoningSplit | None = None,
+                 sink: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.resp = resp
+        self.sink = sink                          # takes each event instead of `resp`
         self.deltas = DeltaStream(plan)
         self.split = split                        # reasoning split off the text (`reasoning`)
         self._think: int | None = None            # output index of the open reasoning item
@@ -56,10 +67,21 @@ class EventStream:
     async def _send(self, kind: str, **fields: Any) -> None:
         event = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
+        if self.sink is not None:
+            self.sink(event)
+            return
+        assert self.resp is not None
         await sse.send(self.resp, event, event=kind)
 
     async def begin(self, response: dict[str, Any]) -> None:
         await self._send("response.created", response=response)
+        if response["status"] == "queued":
+            await self._send("response.queued", response=response)
+        else:
+            await self._send("response.in_progress", response=response)
+
+    async def progress(self, response: dict[str, Any]) -> None:
+        """A queued (background) response's generation has begun."""
         await self._send("response.in_progress", response=response)
 
     async def feed(self, out: RequestOutput) -> None:
@@ -192,6 +214,18 @@ class EventStream:
 
     async def end(self, response: dict[str, Any]) -> None:
         await self._send(END_EVENT[response["status"]], response=response)
+
+    async def conclude(self, rid: str, final: RequestOutput,
+                       finish: Callable[[RequestOutput, list[dict[str, Any]]], dict[str, Any]]) -> None:
+        """The request's last output was fed: close the items, send the final response object
+        (``finish`` makes it from the whole output and the streamed items)."""
+        merged = RequestOutput(rid, text=self.text, token_ids=self.token_ids, finished=True,
+                               finish_reason=final.finish_reason, error=final.error,
+                               prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
+                               cached_tokens=final.cached_tokens)
+        status = STATUS_OF.get(final.finish_reason or "error", "failed")
+        await self.close_items("incomplete" if status == "incomplete" else "completed")
+        await self.end(finish(merged, self.output))
 
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:

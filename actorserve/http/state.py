@@ -27,6 +27,7 @@ class ServerContext:
     metrics: Any = None                                   # http.metrics.Metrics
     created: int = 0                                      # unix time, for /v1/models
     extra: dict[str, Any] = field(default_factory=dict)
+    background: Any = None                                # http.responses_background.BackgroundRuns
 
     @property
     def capacity(self) -> int:

@@ -39,7 +39,8 @@ from .standin import ReplayClock, ReplayDetokenizer, ReplayEngine
 
 CONTROL_MESSAGES = ("AbortRequest", "PauseGeneration", "ContinueGeneration", "FlushCache",
                     "OpenSession", "CloseSession", "HealthCheck", "ServerEvent", "Drain",
-                    "SessionBegin", "SessionEnd", "ResponseBegin", "ResponseEnd", "ResponseDelete")
+                    "SessionBegin", "SessionEnd", "ResponseBegin", "ResponseEnd", "ResponseDelete",
+                    "ResponseCancel")
 
 
 class RecordingError(ValueError):
@@ -115,7 +116,7 @@ def _tuples(args: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
 
 
-REQUEST_KEYS = ("prompt", "probe", "session", "target", "deadline_s", "priority")
+REQUEST_KEYS = ("prompt", "probe", "session", "target", "deadline_s", "priority", "response")
 
 
 def _params(d: dict[str, Any]) -> dict[str, Any]:
@@ -286,7 +287,7 @@ class _Driver:
             rt.generate(list(d["prompt"]), SamplingParams(**_params(d)), rid=e.rid,
                         detokenizer=ReplayDetokenizer(stop_at), is_probe=d.get("probe", False),
                         session=d.get("session"), deadline_s=d.get("deadline_s"),
-                        priority=d.get("priority"))
+                        priority=d.get("priority"), response=d.get("response"))
         elif e.event == "pool":
             rt.pool(list(d["prompt"]), PoolingParams(**_params(d)), rid=e.rid,
                     is_probe=d.get("probe", False), target=d.get("target"),

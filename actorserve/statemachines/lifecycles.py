@@ -14,8 +14,8 @@ and the long-lived actors have theirs:
 * scheduler   ``idle -> pending -> [windowing ->] stepping -> ...``, ``pausing`` while a pause waits
               for the step boundary, ``paused_{abort,retract,in_place}``;
 * session     ``open -> closing -> closed`` (close deferred while a request of it runs);
-* response    a stored `/v1/responses` object: ``in_progress -> completed | incomplete | failed |
-              cancelled``, then ``deleted`` (the client) or ``evicted`` (the store's bound).
+* response    a stored `/v1/responses` object: ``queued -> in_progress -> completed | incomplete |
+              failed | cancelled``, then ``deleted`` (the client) or ``evicted`` (the store's bound).
 
 Every live request state can end in ``aborted`` or ``failed``. Pause ``in_place`` parks a
 running request in ``paused`` with its KV; the scheduler's ``Resumed`` says whether its prompt
@@ -106,6 +106,7 @@ class SessionState(enum.Enum):
 
 
 class ResponseState(enum.Enum):
+    queued = "queued"
     in_progress = "in_progress"
     completed = "completed"
     incomplete = "incomplete"
@@ -256,24 +257,26 @@ SESSION = Lifecycle(
 )
 
 RS = ResponseState
+_RS_LIVE = (RS.queued, RS.in_progress)
 _RS_ENDED = (RS.completed, RS.incomplete, RS.failed, RS.cancelled)
 
 RESPONSE = Lifecycle(
     name="response",
     states=ResponseState,
-    initial=RS.in_progress,
+    initial=RS.queued,
     terminal=frozenset({RS.deleted, RS.evicted}),
     edges=(
+        Edge("start", (RS.queued,), RS.in_progress),           # its request was scheduled
         Edge("complete", (RS.in_progress,), RS.completed),
         Edge("run_out", (RS.in_progress,), RS.incomplete),     # max_output_tokens, the context
-        Edge("fail", (RS.in_progress,), RS.failed),
-        Edge("cancel", (RS.in_progress,), RS.cancelled),       # the client left, an abort
+        Edge("fail", _RS_LIVE, RS.failed),
+        Edge("cancel", _RS_LIVE, RS.cancelled),    # the client left, an abort, POST .../cancel
         Edge("delete", _RS_ENDED, RS.deleted),
         Edge("evict", _RS_ENDED, RS.evicted),
     ),
-    doc="A stored response (/v1/responses with store): its generation's outcome, then the store "
-        "keeps it until the client deletes it or the store's bound (--responses-store) evicts it, "
-        "oldest ended first.",
+    doc="A stored response (/v1/responses with store, background or not): queued until its "
+        "request is scheduled, then its generation's outcome; the store keeps it until the "
+        "client deletes it or the store's bound (--responses-store) evicts it, oldest ended first.",
 )
 
 LIFECYCLES: dict[str, Lifecycle] = {
