@@ -50,14 +50,27 @@ from serverproc import free_port, start_server, stop_server, wait_up  # noqa: E4
 LOW, HIGH = 10, 0          # vLLM's order: a lower value is served first
 
 
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def pct(values: list[float], q: float) -> float:
     v = sorted(values)
     return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))] if v else float("nan")
 
 
-async def one(http: aiohttp.ClientSession, url: str, i: int, priority: int, max_tokens: int) -> tuple[float, bool]:
-    """One streamed /generate: (TTFT in seconds, completed with all its tokens)."""
-    body = {"text": f"request {i}: tell me a story", "stream": True, "priority": priority,
+async def one(http: aiohttp.ClientSession, url: str, i: int, priority: int, max_tokens: int,
+              stream: bool = True) -> tuple[float, bool]:
+    """One /generate: (TTFT in seconds, completed with all its tokens). Not streamed, the
+    "first token" is the whole answer (the low class's background work has no TTFT)."""
+    body = {"text": f"request {i}: tell me a story", "stream": stream, "priority": priority,
             "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}
     t0 = time.perf_counter()
     ttft = float("nan")
@@ -65,6 +78,10 @@ async def one(http: aiohttp.ClientSession, url: str, i: int, priority: int, max_
     async with http.post(f"{url}/generate", json=body) as r:
         if r.status != 200:
             return ttft, False
+        if not stream:
+            last = await r.json()
+            reason = (last.get("meta_info") or {}).get("finish_reason") or {}
+            return time.perf_counter() - t0, reason.get("type") == "length"
         async for raw in r.content:
             line = raw.decode().strip()
             if not line.startswith("data:") or line == "data: [DONE]":
@@ -98,7 +115,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=args.timeout)) as http:
         await one(http, url, -1, LOW, 4)                    # warm-up
         t0 = time.perf_counter()
-        done = await asyncio.gather(*(one(http, url, 100_000 + i, LOW, args.low_tokens)
+        done = await asyncio.gather(*(one(http, url, 100_000 + i, LOW, args.low_tokens, args.low_stream)
                                       for i in range(args.calibrate)))
         capacity = sum(ok for _, ok in done) / (time.perf_counter() - t0)
         unloaded = await high_class(http, url, args, 0)
@@ -108,7 +125,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
         async def low(i: int) -> bool:
             await asyncio.sleep(i / rate)
-            return (await one(http, url, 200_000 + i, LOW, args.low_tokens))[1]
+            return (await one(http, url, 200_000 + i, LOW, args.low_tokens, args.low_stream))[1]
 
         t1 = time.perf_counter()
         lows = asyncio.gather(*(low(i) for i in range(n_low)))
@@ -146,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overload", type=float, default=2.0)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--timeout", type=float, default=1200.0)
+    p.add_argument("--low-whole", dest="low_stream", action="store_false",
+                   help="answer the low class whole, not streamed (background work: more of it "
+                        "per second at the same 2x, so a heavier load)")
     args = p.parse_args(argv)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -160,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_server(proc)
     out = {"model": args.model, "max_num_seqs": args.max_num_seqs, "kv_blocks": blocks,
-           "cpu": platform.processor() or platform.machine(), **result, "server_rc": proc.returncode}
+           "low_streamed": args.low_stream, "cpu": cpu_name(), **result, "server_rc": proc.returncode}
     print(json.dumps(out))
     return 0
 
