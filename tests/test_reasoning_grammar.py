@@ -296,3 +296,18 @@ def test_the_plan_gates_a_constraint_unless_the_prompt_closed_reasoning(qwen3):
         assert sp.think_ids == (think if gated else None)
         free = plan(prompt, parser).sampling(SamplingParams())
         assert free == SamplingParams()                   # no constraint, no budget: untouched
+
+
+async def test_responses_text_format_after_reasoning(qwen3):
+    fmt = {"type": "json_schema", "name": "count", "schema": SCHEMA}
+    async with serve(qwen3, name=NAME, reasoning_parser="qwen3") as (http, rt):
+        r = await http.post("/v1/responses", json={
+            "model": NAME, "input": ASK[0]["content"], "temperature": 0, "max_output_tokens": 40,
+            "max_thinking_tokens": 3, "text": {"format": fmt}})
+        out = await r.json()
+        assert r.status == 200 and out["status"] == "completed", out
+        kinds = [item["type"] for item in out["output"]]
+        assert kinds == ["reasoning", "message"], out
+        assert out["usage"]["output_tokens_details"]["reasoning_tokens"] == 3
+        jsonschema.validate(json.loads(out["output"][1]["content"][0]["text"]), SCHEMA)
+        await settle(rt)
