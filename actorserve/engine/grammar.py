@@ -19,6 +19,9 @@ A request's constraint is plain data on its `SamplingParams`: ``grammar = (kind,
   truncation, in the batched step. After the draw `accept` advances the matcher by the sampled
   token; it answers ``"stop"`` once the grammar has terminated (the sampler only allowed a stop
   token, or the grammar has nothing more to match) and an error string if the token was refused.
+* **after reasoning**: a request with ``grammar_after_think`` (a reasoning model's) is neither
+  masked nor advanced while its output is inside ``<think>`` ... ``</think>``; from the token
+  after ``</think>`` on the grammar constrains the rest as above (`engine.thinking.GrammarGate`).
 
 ``json_object`` is "any JSON object": the schema ``{"type": "object"}``. JSON grammars are
 compiled without free whitespace (``any_whitespace=False``): a small model given the freedom
@@ -40,6 +43,7 @@ import torch
 
 from .params import GRAMMAR_KINDS, ParamError
 from .sequence import Sequence
+from .thinking import MAYBE, ON, gate_state, grammar_takes
 
 __all__ = ["GrammarBackend", "GrammarError", "mask_rows", "accept"]
 
@@ -184,11 +188,17 @@ def _clean(exc: BaseException) -> str:
 
 
 def mask_rows(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-    """Set every token a constrained row's grammar forbids next to ``-inf`` (in place)."""
-    rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
+    """Set every token a constrained row's grammar forbids next to ``-inf`` (in place). A
+    reasoning model's row inside its reasoning is left alone, and on its first token (the gate's
+    ``maybe``) ``<think>`` stays drawable beside what the grammar allows (`engine.thinking`)."""
+    states = [gate_state(s) if s.grammar is not None else None for s in seqs]
+    rows = [i for i, st in enumerate(states) if st in (ON, MAYBE)]
     if not rows:
         return
     import xgrammar as xgr
+    keep = [(i, seqs[i].sampling.think_ids[0]) for i in rows
+            if states[i] == MAYBE and seqs[i].sampling.think_ids[0] < logits.shape[-1]]
+    kept = [logits[i, t].clone() for i, t in keep]
     bitmask = xgr.allocate_token_bitmask(len(rows), logits.shape[-1])   # small: vocab / 32 ints a row
     for j, i in enumerate(rows):
         seqs[i].grammar.fill_next_token_bitmask(bitmask, j)
@@ -198,13 +208,16 @@ def mask_rows(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         sub = logits[rows]
         xgr.apply_token_bitmask_inplace(sub, bitmask)
         logits[rows] = sub
+    for (i, t), value in zip(keep, kept):
+        logits[i, t] = value
 
 
 def accept(seq: Sequence, token: int) -> str | None:
     """Advance `seq`'s matcher by its sampled token: ``"stop"`` when the grammar has ended,
-    an error message when it refused the token, None otherwise (also for an unconstrained seq)."""
+    an error message when it refused the token, None otherwise (also for an unconstrained seq,
+    and for a token of a reasoning model's reasoning, which the grammar does not see)."""
     m = seq.grammar
-    if m is None:
+    if m is None or not grammar_takes(seq, token):
         return None
     if not m.accept_token(int(token)):
         return f"the grammar refused token {token}"

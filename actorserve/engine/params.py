@@ -66,6 +66,11 @@ class SamplingParams:
     thinking_budget: int | None = None
     think_ids: tuple[int, int] | None = None
     think_open: bool = False
+    # A reasoning model's constraint starts after its reasoning (`engine.thinking.GrammarGate`):
+    # with ``think_open`` the grammar neither masks nor advances until the first ``</think>``
+    # has been drawn; without it the first token may also be ``<think>`` (which opens reasoning
+    # the same way), else the grammar applies from the first token. Needs ``think_ids``.
+    grammar_after_think: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -114,6 +119,9 @@ class SamplingParams:
             if min(start, end) < 0 or start == end:
                 raise ParamError("think_ids are two distinct token ids >= 0 (start, end)")
             object.__setattr__(self, "think_ids", (start, end))
+        if self.grammar_after_think and (self.think_ids is None or self.grammar is None):
+            raise ParamError("grammar_after_think needs a grammar and the model's think tag ids "
+                             "(a reasoning parser)")
         if self.thinking_budget is not None:
             if self.thinking_budget < 0:
                 raise ParamError(f"the thinking budget must be >= 0, got {self.thinking_budget}")

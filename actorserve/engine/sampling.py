@@ -12,8 +12,8 @@ in a fixed pipeline (the same order as HF's logits processors / vLLM's sampler):
    semantics), the ids that would end a row still short of its ``min_tokens`` are set to
    ``-inf`` (`Sequence.stop_ids_masked`), then a constrained row's grammar bitmask sets every token it cannot accept next
    to ``-inf`` (`engine.grammar.mask_rows`; the matcher itself advances after the draw, in
-   the runner), then a row whose thinking budget is spent keeps only its ``</think>``
-   (`engine.thinking`). So every later stage, greedy included, sees only allowed tokens.
+   the runner; a reasoning model's row is not masked inside its reasoning), then a row whose
+   thinking budget is spent keeps only its ``</think>`` (`engine.thinking`). So every later stage, greedy included, sees only allowed tokens.
 3. **Penalties** (rows with non-default values only, one small scatter per row over the ids
    the row's context holds, kept incrementally per sequence: `engine.penalties`):
    ``repetition_penalty`` with HF semantics over prompt+output tokens (a positive logit is

@@ -20,7 +20,7 @@ class Sequence:
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
         "grammar", "prompt_lp", "prompt_hashes", "prompt_hash_key",
         "penalty_state", "draft", "spec_index", "table_epoch", "priority", "order", "admitted",
-        "min_stop_ids", "thinking",
+        "min_stop_ids", "thinking", "think_gate",
     )
 
     def __init__(
@@ -74,6 +74,9 @@ class Sequence:
         # The thinking budget's count of reasoning tokens (`engine.thinking.ThinkCounter`),
         # made on the first budgeted step; it follows appends to output_ids.
         self.thinking: Any = None
+        # Where a reasoning model's grammar stands (`engine.thinking.GrammarGate`): made on the
+        # first constrained step of a ``grammar_after_think`` request; follows output_ids.
+        self.think_gate: Any = None
         # The token ids that would end it (stop_token_ids, and EOS unless ignored), masked by
         # the sampler while fewer than `sampling.min_tokens` are out (set by whoever knows the
         # model's EOS: the runtime at submission).

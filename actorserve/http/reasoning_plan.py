@@ -6,7 +6,10 @@ whether the output starts inside reasoning (the format, or a ``<think>`` the cha
 left open at the end of the prompt), whether reasoning streams as it comes (SGLang's
 ``stream_reasoning``), and the thinking budget (``max_thinking_tokens``; vLLM's
 ``thinking_token_budget``, SGLang's ``thinking_budget``), which becomes sampling parameters
-the engine enforces (`engine.thinking`).
+the engine enforces (`engine.thinking`). A constraint (``response_format``, ``guided_*``, the
+grammar of ``tool_choice`` required / named / auto, ...) starts after the reasoning: the
+engine leaves ``<think>`` ... ``</think>`` free and constrains the answer (vLLM's and SGLang's
+rule; `ReasoningPlan.sampling`), and the tool parser reads only the answer's text.
 
 The answer carries the reasoning as ``reasoning_content`` (SGLang's and DeepSeek's name, which
 most clients read) and as ``reasoning`` (vLLM's current name, OpenRouter's), on the message and
@@ -40,6 +43,9 @@ class ReasoningPlan:
     stream_reasoning: bool = True
     think_ids: tuple[int, int] | None = None
     budget: int | None = None
+    # a constraint waits for the end of reasoning: a reasoning parser is in effect and the prompt
+    # did not close reasoning itself (Qwen3's ``enable_thinking: false`` ends it with </think>)
+    after_think: bool = False
 
     @property
     def splits(self) -> bool:
@@ -51,10 +57,15 @@ class ReasoningPlan:
         return ReasoningSplit(self.fmt, opened=self.opened, stream_reasoning=self.stream_reasoning)
 
     def sampling(self, sp: SamplingParams) -> SamplingParams:
-        if self.budget is None:
+        """The engine's view of the plan: the thinking budget, and a constraint (a grammar, the
+        tool calls' included) that starts after reasoning (`engine.thinking.GrammarGate`). Tags
+        that are not single tokens cannot be followed on token ids: the grammar then applies
+        from the first token, as without a reasoning parser."""
+        gated = sp.grammar is not None and self.after_think and self.think_ids is not None
+        if self.budget is None and not gated:
             return sp
         return dataclasses.replace(sp, thinking_budget=self.budget, think_ids=self.think_ids,
-                                   think_open=self.opened)
+                                   think_open=self.opened, grammar_after_think=gated)
 
     def split(self, text: str) -> tuple[str | None, str]:
         if self.fmt is None:
@@ -121,8 +132,9 @@ def plan_reasoning(ctx: Any, body: Any, prompt_ids: list[int]) -> ReasoningPlan:
         raise FieldError(param, f"{param} needs {fmt.start} and {fmt.end} to be single tokens of "
                                 "this model's vocabulary; they are not")
     separate = getattr(body, "separate_reasoning", True)
+    closed = not opened and tail.rstrip().endswith(fmt.end)
     return ReasoningPlan(fmt if separate else None, opened, getattr(body, "stream_reasoning", True),
-                         ids, budget)
+                         ids, budget, after_think=not closed)
 
 
 #: what a request may not set through chat_template_kwargs: the route's own arguments of the
