@@ -113,6 +113,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise APIError(400, "a session request generates at least one token (max_new_tokens >= 1)",
                        param="sampling_params.max_new_tokens")
     zero_jobs: set[int] = set()      # job indices of those inputs
+    prompt_len: dict[int, int] = {}  # job index -> its prompt's tokens (every streamed chunk says it)
     lp_of: dict[int, Any] = {}       # job index -> its SGLang logprob fields (return_logprob)
     weights = str(ctx.extra.get("weight_version", "default"))
     with_text = body.return_text_in_logprobs
@@ -127,11 +128,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 raise
             job = group.submit(ids, params[0], rid=rid, session=sess.id)
             lp_of[job.index] = logs[0].collector(ctx, ids, with_text)
+            prompt_len[job.index] = len(ids)
         for i, (ids, sp) in enumerate(zip(prompts, params)):
             if sess is not None:
                 break
             for job in group.submit_n(ids, sp, rid=body.rid_for(i, len(prompts), batch)):
                 lp_of[job.index] = logs[i].collector(ctx, ids, with_text)
+                prompt_len[job.index] = len(ids)
                 if i in zero:
                     zero_jobs.add(job.index)
         if not body.stream:
@@ -163,7 +166,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 if not out.text and not out.token_ids and not out.finished:
                     continue
                 cum = dataclasses.replace(out, completion_tokens=out.completion_tokens
-                                          or len(ids_so_far[job.index]))
+                                          or len(ids_so_far[job.index]),
+                                          prompt_tokens=out.prompt_tokens or prompt_len[job.index])
                 event = {"text": texts[job.index], "output_ids": list(ids_so_far[job.index]),
                          "meta_info": _meta(job, cum, out.finished, weights)}
                 if lps is not None:          # cumulative, like the text (SGLang's default)

@@ -59,6 +59,7 @@ class ResponsesRequest(_Body, ThinkingBudgetFields):     # + the thinking budget
     logit_bias: LogitBias | None = None
     request_timeout: RequestTimeout | None = None
     priority: Priority | None = None              # vLLM's Responses API takes it too
+    ignore_eos: StrictBool = False                # vLLM's (`vllm bench serve` sends it)
 
     def check(self) -> None:
         if self.background and not self.store:      # vLLM's words (OpenAI keeps them too)
@@ -81,7 +82,7 @@ class ResponsesRequest(_Body, ThinkingBudgetFields):     # + the thinking budget
         return SamplingParams(
             max_new_tokens=self.max_output_tokens or default_max, seed=self.seed,
             logprobs=self.want_logprobs, top_logprobs=(self.top_logprobs or 0) if self.want_logprobs else 0,
-            logit_bias=bias_pairs(self.logit_bias), grammar=grammar, **kw)
+            logit_bias=bias_pairs(self.logit_bias), grammar=grammar, ignore_eos=self.ignore_eos, **kw)
 
 
 class InputItemsQuery(_Body):
