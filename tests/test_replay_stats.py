@@ -176,3 +176,30 @@ def test_latency_report_and_replay_text_carry_it(tmp_path: Path, capsys) -> None
     assert line in capsys.readouterr().out.splitlines()
     assert replay(str(path), "--json") == 0
     assert json.loads(capsys.readouterr().out)["wasted_forwards"] == rep["wasted_forwards"]
+
+
+def test_by_priority_counts_queue_stays_and_retractions():
+    """Each priority's requests, every stay in ``queued`` (a retracted one queues again) and its
+    retractions by cause; None when every request had the default priority."""
+    from actorserve.replay.stats import by_priority, by_priority_lines
+
+    r = Rec()
+    r.arrive("lo")
+    r.events[-1] = replace(r.events[-1], data={"priority": 10})       # create carries it
+    r.go("lo", "schedule", "queued", "prefill")                        # 1 ms queued
+    r.arrive("hi")                                                     # default priority 0
+    r._add("lo", "sched", "retract", data={"cause": "priority:hi", "priority": 10})
+    r.go("lo", "retract", "prefill", "retracted")
+    r.go("hi", "schedule", "queued", "prefill")                        # 3 ms queued
+    r.go("lo", "requeue", "retracted", "queued")
+    r.go("lo", "schedule", "queued", "prefill")                        # 1 ms queued again
+    got = by_priority(r.events)
+    assert got is not None and set(got) == {0, 10}
+    assert got[0]["requests"] == 1 and got[0]["queued"]["n"] == 1 and got[0]["queued"]["max_ms"] == 3.0
+    assert got[10]["requests"] == 1 and got[10]["queued"]["n"] == 2 and got[10]["retracted"] == {"priority": 1}
+    assert any("priority 10" in line and "retracted: priority 1" in line for line in by_priority_lines(got))
+    assert latency_report(r.events)["by_priority"] == got
+    plain = Rec()
+    plain.arrive("a")
+    plain.go("a", "schedule", "queued", "prefill")
+    assert by_priority(plain.events) is None

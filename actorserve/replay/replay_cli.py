@@ -21,7 +21,7 @@ import time
 from ..statemachines import LIFECYCLES
 from .check import Report, check
 from .recorder import ended_in_order, incarnation_of, read_all_parts, read_recording
-from .stats import latency_report, speculation_line, wasted_forwards_line
+from .stats import by_priority_lines, latency_report, speculation_line, wasted_forwards_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -229,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
         print(wasted_forwards_line(lat["wasted_forwards"]))  # type: ignore[arg-type]
         if lat.get("speculation"):
             print(speculation_line(lat["speculation"]))  # type: ignore[arg-type]
+        for line in by_priority_lines(lat.get("by_priority") or {}):  # type: ignore[arg-type]
+            print(line)
         if report.ok:
             print("no violations")
         else:

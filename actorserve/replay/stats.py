@@ -250,9 +250,51 @@ def speculation_line(s: dict[str, Any]) -> str:
             f"{s['tokens_per_step']:.2f} tokens per verify step")
 
 
+def by_priority(events: Iterable[Event]) -> dict[int, dict[str, Any]] | None:
+    """Per scheduling priority (a generation request's ``create`` carries it; 0 when absent):
+    its requests, their time in ``queued`` (every stay: a retracted request queues again) and
+    how many times a request of it was retracted (the scheduler's ``retract`` notes, with
+    their cause). None when every request had the default priority."""
+    prio: dict[str, int] = {}
+    queued_at: dict[str, int] = {}
+    waits: dict[int, list[float]] = defaultdict(list)
+    retracts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for e in events:
+        if e.kind == "generation" and e.ok and e.rid is not None:
+            if e.event == "create":
+                prio[e.rid] = int((e.data or {}).get("priority", 0) or 0)
+            if e.dst == "queued":
+                queued_at[e.rid] = e.t_ns
+            elif e.rid in queued_at:
+                waits[prio.get(e.rid, 0)].append((e.t_ns - queued_at.pop(e.rid)) / 1e6)
+        elif e.kind == "sched" and e.event == "retract":
+            d = e.data or {}
+            cause = str(d.get("cause", "?")).split(":", 1)[0]
+            retracts[int(d.get("priority", 0) or 0)][cause] += 1
+    if not any(prio.values()) and not any(p for p in retracts):
+        return None
+    out: dict[int, dict[str, Any]] = {}
+    for p in sorted(set(prio.values()) | set(retracts)):
+        out[p] = {"requests": sum(1 for v in prio.values() if v == p),
+                  "queued": _summary(waits[p]) if waits[p] else None,
+                  "retracted": dict(retracts[p])}
+    return out
+
+
+def by_priority_lines(bp: dict[int, dict[str, Any]]) -> list[str]:
+    lines = []
+    for p, d in bp.items():
+        q = d["queued"]
+        wait = f"queued p50={q['p50_ms']} ms p99={q['p99_ms']} ms (n={q['n']})" if q else "never queued"
+        why = ", ".join(f"{c} {n}" for c, n in sorted(d["retracted"].items())) or "none"
+        lines.append(f"  priority {p:<6} requests={d['requests']:<6} {wait}; retracted: {why}")
+    return lines
+
+
 def latency_report(events: list[Event]) -> dict[str, object]:
     aborts = abort_latencies_ms(events)
     return {"abort_latency": _summary(aborts) if aborts else None,
             "time_in_state": time_in_state_ms(events),
             "wasted_forwards": wasted_forwards(events),
-            "speculation": speculation(events)}
+            "speculation": speculation(events),
+            "by_priority": by_priority(events)}
