@@ -39,7 +39,7 @@ serve: setup
 	$(VENV)/bin/actorserve serve $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider $(ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 $(ARGS)
 
 bench: setup
 	$(PY) benchmarks/lifecycle_overhead.py --requests 10000 --json
