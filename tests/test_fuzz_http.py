@@ -156,9 +156,13 @@ def _undo(session: requests.Session, base: str, path: str, resp: Any) -> None:
     elif path == "/v1/responses" and resp.status_code == 200:
         # a stored response keeps its session open until it is deleted (streamed: the first
         # event's response has the id)
-        found = re.search(r'"id": ?"(resp_[0-9a-f]+)"', resp.content.decode(errors="replace"))
+        text = resp.content.decode(errors="replace")
+        found = re.search(r'"id": ?"(resp_[0-9a-f]+)"', text)
         if found:
-            session.delete(f"{base}/v1/responses/{found.group(1)}", timeout=REQUEST_TIMEOUT_S)
+            url = f"{base}/v1/responses/{found.group(1)}"
+            if re.search(r'"background": ?true', text):      # still running: cancel answers once it ended
+                session.post(url + "/cancel", timeout=REQUEST_TIMEOUT_S)
+            session.delete(url, timeout=REQUEST_TIMEOUT_S)
 
 
 def fuzz(base: str) -> tuple[list[Finding], int]:
