@@ -36,6 +36,13 @@ async def _error(r, status: int, message: str | None = None, param: str | None =
     return body
 
 
+
+def _written(ctx) -> bool:
+    """The profile stopped and its files are written: ``stop`` holds the profile lock until the
+    last file is down (the profile itself is cleared first)."""
+    lock = ctx.extra.get("profile_lock")
+    return ctx.extra.get("profile") is None and not (lock is not None and lock.locked())
+
 async def test_start_stop_writes_one_trace_with_lifecycles_and_torch_ops(tiny, tmp_path):
     async with serve(tiny, profile_dir=str(tmp_path)) as (http, rt):
         await _error(await http.post("/stop_profile"), 400, NOT_RUNNING)
@@ -134,7 +141,7 @@ async def test_start_step_and_num_steps_as_strings_record_exactly_that_window(ti
                                                      "activities": ["CPU", "GPU"]})
         assert r.status == 200, await r.text()
         await _generate(http, 8)                        # a prefill and 7 decodes: 8 steps
-        await until(lambda: ctx.extra.get("profile") is None)       # stopped by itself
+        await until(lambda: _written(ctx))       # stopped by itself
         await _error(await http.post("/stop_profile"), 400, NOT_RUNNING)
         await settle(rt)
     doc = _load(tmp_path / "w-TP-0.trace.json.gz")
@@ -156,7 +163,7 @@ async def test_profile_by_stage_writes_one_file_per_stage_with_only_its_steps(ti
         await _generate(http, 2)          # a prefill, a decode: prefill's file waits for a 2nd
         assert not (tmp_path / "out" / "s-TP-0-prefill.trace.json.gz").exists()
         await _generate(http, 4, "another prompt of several tokens")
-        await until(lambda: ctx.extra.get("profile") is None)
+        await until(lambda: _written(ctx))
         await _error(await http.post("/stop_profile"), 400, NOT_RUNNING)
         await settle(rt)
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
@@ -197,7 +204,7 @@ async def test_activities_this_machine_cannot_record_are_skipped_and_said(tiny, 
             r = await http.post("/start_profile", json={"activities": acts, "profile_id": pid, "num_steps": 2})
             assert r.status == 200, await r.text()
             await _generate(http, 2)
-            await until(lambda: http.server.app[CTX].extra.get("profile") is None)
+            await until(lambda: _written(http.server.app[CTX]))
         await settle(rt)
     doc = _load(tmp_path / "all-TP-0.trace.json.gz")
     other = doc["otherData"]
