@@ -339,3 +339,26 @@ def test_degenerate_rows_do_not_crash():
     logits = torch.tensor([[float("nan")] * 4, [float("-inf")] * 4, [0.0, 1.0, 2.0, 3.0]])
     out = sample(logits, [_seq(seed=1), _seq(), _seq(temperature=0.0)])
     assert all(0 <= t < 4 for t, _, _ in out) and out[2][0] == 3
+
+
+def test_min_tokens_masks_the_ending_ids_until_reached_and_never_empties_a_row():
+    """The ids that would end a request (``min_stop_ids``, set by the runtime: its stop ids and
+    EOS) cannot be drawn while fewer than ``min_tokens`` are out; the raw logprobs are the
+    model's own; a row where they are all that is left (a grammar that can only end) keeps them."""
+    s = _seq(max_new_tokens=8, min_tokens=2, temperature=0, logprobs=True)
+    s.min_stop_ids = (3, 5)
+    logits = torch.tensor([[0.0, 1.0, 0.5, 9.0, 0.0, 8.0]])
+    tok, lp, _ = sample(logits, [s])[0]
+    assert tok == 1 and lp == pytest.approx(torch.log_softmax(logits[0], -1)[1].item())
+    s.output_ids = [1]
+    assert sample(logits, [s])[0][0] == 1                  # one out, still short of two
+    s.output_ids = [1, 1]
+    assert sample(logits, [s])[0][0] == 3                  # the minimum is out: the end may come
+    s.output_ids = []
+    only_end = torch.full((1, 6), float("-inf"))
+    only_end[0, 5] = 0.0
+    assert sample(only_end, [s])[0][0] == 5                # nothing else is allowed: not emptied
+    sampled = _seq(max_new_tokens=8, min_tokens=4, temperature=1.0, seed=3)
+    sampled.min_stop_ids = (3,)
+    hot = torch.tensor([[0.0, 0.0, 0.0, 12.0]])
+    assert all(sample(hot, [sampled])[0][0] != 3 for _ in range(50))

@@ -10,7 +10,8 @@ in a fixed pipeline (the same order as HF's logits processors / vLLM's sampler):
    The OpenAI ``logprobs`` / ``top_logprobs`` fields report the model's distribution.
 2. **Constraints** (rows that have them, on a copy): ``logit_bias`` is added (OpenAI
    semantics), the ids that would end a row still short of its ``min_tokens`` are set to
-   ``-inf`` (`Sequence.stop_ids_masked`), then a constrained row's grammar bitmask sets every token it cannot accept next
+   ``-inf`` after the masks below (`Sequence.stop_ids_masked`; not where nothing else would be
+   left), then a constrained row's grammar bitmask sets every token it cannot accept next
    to ``-inf`` (`engine.grammar.mask_rows`; the matcher itself advances after the draw, in
    the runner; a reasoning model's row is not masked inside its reasoning), then a row whose
    thinking budget is spent keeps only its ``</think>`` (`engine.thinking`). So every later stage, greedy included, sees only allowed tokens.
@@ -189,7 +190,9 @@ def _plan(logits: torch.Tensor, seqs: list[Sequence]):
 
 
 def apply_constraints(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-    """``logit_bias``, the grammar masks, then thinking budgets, in place (module docstring, step 2)."""
+    """``logit_bias``, the grammar masks, thinking budgets, then ``min_tokens``' mask of the
+    ending ids (lifted for a row where it would leave nothing: a grammar that can only end), in
+    place (module docstring, step 2)."""
     vocab = logits.shape[-1]
     for i, seq in enumerate(seqs):
         bias = seq.sampling.logit_bias
@@ -198,14 +201,19 @@ def apply_constraints(logits: torch.Tensor, seqs: list[Sequence]) -> None:
             val = torch.tensor([b for _, b in bias], dtype=logits.dtype, device=logits.device)
             keep = idx < vocab
             logits[i].index_add_(0, idx[keep], val[keep])
-        banned = seq.stop_ids_masked()            # min_tokens: no end before it
-        if banned:
-            logits[i, [t for t in banned if t < vocab]] = float("-inf")
     if any(s.grammar is not None for s in seqs):
         from .grammar import mask_rows     # xgrammar loads only for constrained requests
         mask_rows(logits, seqs)
     if any(s.sampling.thinking_budget is not None for s in seqs):
         apply_budget(logits, seqs)         # a spent thinking budget leaves only </think>
+    for i, seq in enumerate(seqs):
+        banned = seq.stop_ids_masked()     # min_tokens: no end before it ...
+        if banned:
+            idx = torch.tensor([t for t in banned if t < vocab], dtype=torch.long, device=logits.device)
+            kept = logits[i, idx].clone()
+            logits[i, idx] = float("-inf")
+            if not bool(torch.isfinite(logits[i]).any()):
+                logits[i, idx] = kept      # ... unless nothing else is allowed (a grammar at its end)
 
 
 def _scaled(work: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> torch.Tensor:
