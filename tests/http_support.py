@@ -16,6 +16,7 @@ from actorserve.http.app import build_app
 from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
+from waiting import until as until  # re-exported: the tests import it from here
 
 NAME = "tiny-llama"
 
@@ -81,10 +82,3 @@ def assert_error(body: dict, type_: str | None = None) -> None:
         assert err["type"] == type_, body
 
 
-async def until(pred, timeout: float = 10.0) -> None:
-    """Wait for something that must happen (never to show that something did not)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not pred():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.01)

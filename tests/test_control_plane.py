@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 
 from actorserve.actors.clock import ManualClock
@@ -18,6 +19,7 @@ from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 
+import waiting
 from runtime_helpers import assert_nothing_held
 
 
@@ -31,12 +33,7 @@ async def make(*, in_thread=False, watchdog=None, **engine_kw):
     return rt, engine, rec, clock
 
 
-async def until(pred, timeout=5.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not pred():
-        assert loop.time() < end, "condition not reached"
-        await asyncio.sleep(0.005)
+until = functools.partial(waiting.until, timeout=5.0)
 
 
 # -- watchdog ----------------------------------------------------------------------------------

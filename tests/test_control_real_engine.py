@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 
 import pytest
 
@@ -15,6 +15,7 @@ from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 
+import waiting
 from http_support import load_tiny
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
@@ -39,12 +40,7 @@ def prompts(tok) -> list[list[int]]:
     return [tok.encode(f"Stream number {i} tells a story about the sea and the sky") for i in range(16)]
 
 
-async def until(pred, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not pred():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.005)
+until = functools.partial(waiting.until, timeout=30.0)     # the real engine's steps are slower
 
 
 async def settled(rt: Runtime) -> None:
