@@ -1,0 +1,221 @@
+"""Weights as a lifecycle: `/update_weights_from_disk`, `/update_weight_version`,
+`/get_weights_by_name` on the tiny model, over a real HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actorserve.replay.check import check
+
+from http_support import assert_error, load_tiny, serve, settle
+from test_http_control import Stall
+
+PROMPT = [5 + (i * 7) % 150 for i in range(40)]       # > two blocks of 16: a prefix-cache hit
+
+
+def _gen(max_new: int = 8, **sp):
+    return {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
+                                                     "ignore_eos": True, **sp}}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A copy of the tiny model with other weights (fixed seed) and one of another shape."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from actorserve.engine.models import resolve_model
+
+    src = resolve_model("tiny")
+    new = tmp_path_factory.mktemp("tiny_new")
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, local_files_only=True)
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * (float(p.float().std()) or 0.02))
+    model.save_pretrained(str(new))
+    AutoTokenizer.from_pretrained(str(src), local_files_only=True).save_pretrained(str(new))
+    other = tmp_path_factory.mktemp("tiny_other")
+    cfg = AutoConfig.from_pretrained(str(src), local_files_only=True)
+    cfg.intermediate_size = cfg.intermediate_size * 2
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(other))
+    return new, other
+
+
+async def _ids(http, **kw):
+    r = await http.post("/generate", json=_gen(**kw))
+    assert r.status == 200, await r.text()
+    body = await r.json()
+    return body["output_ids"], body["meta_info"]
+
+
+async def test_update_from_disk_serves_the_new_weights(folders):
+    new, _ = folders
+    async with serve(load_tiny()) as (http, rt):
+        before, meta = await _ids(http)
+        assert meta["weight_version"] == "default"
+        _, meta = await _ids(http)
+        assert meta["cached_tokens"] > 0                         # the prefix cache is warm
+        r = await http.post("/update_weights_from_disk", json={"model_path": str(new), "weight_version": "v2"})
+        body = await r.json()
+        assert r.status == 200, body
+        assert body["success"] is True and body["num_paused_requests"] == 0 and body["message"]
+        after, meta = await _ids(http)
+        assert after != before
+        assert meta["weight_version"] == "v2"
+        assert meta["cached_tokens"] == 0                        # old KV never reused by new weights
+        r = await http.post("/v1/chat/completions", json={"model": "tiny-llama", "max_tokens": 2,
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+        assert (await r.json())["metadata"] == {"weight_version": "v2"}
+        r = await http.post("/v1/completions", json={"model": "tiny-llama", "max_tokens": 2, "prompt": "hi"})
+        assert (await r.json())["metadata"] == {"weight_version": "v2"}
+        # get_weights_by_name reads the new values
+        import torch
+        from transformers import AutoModelForCausalLM
+        ref = AutoModelForCausalLM.from_pretrained(str(new), dtype=torch.float32, local_files_only=True)
+        name = "model.layers.0.mlp.down_proj.weight"
+        r = await http.post("/get_weights_by_name", json={"name": name, "truncate_size": 2})
+        got = await r.json()
+        assert r.status == 200 and got == ref.get_parameter(name)[:2].tolist()
+        r = await http.get("/get_weights_by_name", params={"name": name, "truncate_size": "1"})
+        assert (await r.json()) == ref.get_parameter(name)[:1].tolist()
+        r = await http.post("/get_weights_by_name", json={"name": "no.such.weight"})
+        assert r.status == 400
+        assert_error(await r.json())
+        await settle(rt)
+        events = rt.recorder.events(kind="weights")
+        assert [e.event for e in events] == ["create", "update", "loaded"]
+        versions = rt.recorder.events(kind="weights_version")
+        assert [e.data["version"] for e in versions] == ["v2"]
+        assert check(rt.recorder.events()).ok
+    # a fresh server loaded from the new folder answers the same
+    from actorserve.engine.models import load_model
+    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+    model, hf_tok, _ = load_model(str(new), threads=1)
+    async with serve((model, hf_tok, TextTokenizer(hf_tok, chat_template=FALLBACK_CHAT_TEMPLATE))) as (http, rt):
+        fresh, _ = await _ids(http)
+        assert fresh == after
+
+
+async def test_a_bad_update_is_a_400_and_the_old_weights_serve(folders, tmp_path):
+    _, other = folders
+    async with serve(load_tiny()) as (http, rt):
+        before, _ = await _ids(http)
+        for path in (str(tmp_path / "missing"), str(other)):
+            r = await http.post("/update_weights_from_disk", json={"model_path": path, "weight_version": "bad"})
+            body = await r.json()
+            assert r.status == 400, body
+            assert body["success"] is False and body["num_paused_requests"] == 0
+            assert body["error"]["param"] == "model_path" and body["message"] == body["error"]["message"]
+        assert "intermediate" in body["message"] or "shape" in body["message"]
+        after, meta = await _ids(http)
+        assert after == before and meta["weight_version"] == "default"
+        r = await http.post("/update_weights_from_disk", json={"model_path": str(other), "bogus": 1})
+        assert r.status == 400
+        assert_error(await r.json())
+        await settle(rt)
+        events = [e.event for e in rt.recorder.events(kind="weights")]
+        assert events == ["create"] + ["update", "load_failed", "keep_old"] * 2
+        assert check(rt.recorder.events()).ok
+
+
+async def test_update_weight_version(folders):
+    async with serve(load_tiny()) as (http, rt):
+        r = await http.post("/update_weight_version", json={"new_version": "step-7"})
+        body = await r.json()
+        assert r.status == 200 and body["success"] is True and body["new_version"] == "step-7"
+        _, meta = await _ids(http)
+        assert meta["weight_version"] == "step-7"
+        r = await http.post("/update_weight_version", json={"new_version": ""})
+        assert r.status == 400
+        assert_error(await r.json())
+
+
+async def test_an_update_waits_for_the_step_barrier(folders):
+    """Without abort_all_requests an update waits until no request holds KV: the running
+    request ends entirely under the old weights, then the new ones serve."""
+    new, _ = folders
+    async with serve(load_tiny()) as (http, rt):
+        ref_old, _ = await _ids(http, max_new=6)
+        stall = Stall(rt.engine)
+        stall.armed = True
+        running = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=6)))
+        await asyncio.to_thread(stall.started.wait, 30)
+        update = asyncio.ensure_future(http.post("/update_weights_from_disk", json={"model_path": str(new)}))
+        for _ in range(200):                       # the update's record reaches the scheduler and waits
+            if any(r.op == "update_weights_from_disk" for r in rt.control_actor.open.values()) \
+                    and rt.control_actor.weights.state.name == "updating":
+                break
+            await asyncio.sleep(0.005)
+        assert not update.done()
+        stall.release()
+        r = await running
+        body = await r.json()
+        assert body["output_ids"] == ref_old and body["meta_info"]["finish_reason"]["type"] == "length"
+        assert body["meta_info"]["weight_version"] == "default"
+        r = await update
+        assert r.status == 200 and (await r.json())["success"] is True
+        after, _ = await _ids(http, max_new=6)
+        assert after != ref_old
+        await settle(rt)
+        assert check(rt.recorder.events()).ok
+
+
+async def test_abort_all_requests_ends_running_ones_with_their_partial_tokens(folders):
+    new, _ = folders
+    async with serve(load_tiny()) as (http, rt):
+        stall = Stall(rt.engine)
+        running = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=200)))
+        for _ in range(400):                       # let it produce a few tokens, then stall a step
+            seq = next(iter(rt.scheduler.seqs.values()), None)
+            if seq is not None and len(seq.output_ids) >= 3:
+                stall.armed = True
+                break
+            await asyncio.sleep(0.002)
+        await asyncio.to_thread(stall.started.wait, 30)
+        update = asyncio.ensure_future(http.post("/update_weights_from_disk", json={
+            "model_path": str(new), "abort_all_requests": True, "weight_version": "v3"}))
+        for _ in range(200):
+            if rt.control_actor.weights.state.name == "updating":
+                break
+            await asyncio.sleep(0.005)
+        stall.release()
+        body = await (await running).json()
+        assert body["meta_info"]["finish_reason"]["type"] == "abort"
+        assert 3 <= len(body["output_ids"]) < 200
+        r = await update
+        assert r.status == 200 and (await r.json())["success"] is True
+        _, meta = await _ids(http)
+        assert meta["weight_version"] == "v3"
+        await settle(rt)
+        assert check(rt.recorder.events()).ok
+
+
+def _tiny(folder: str = "tiny", quantization: str | None = None):
+    from actorserve.engine.models import load_model
+    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+    model, hf_tok, _ = load_model(folder, threads=1, quantization=quantization)
+    return model, hf_tok, TextTokenizer(hf_tok, chat_template=FALLBACK_CHAT_TEMPLATE)
+
+
+async def test_quantized_copies_and_the_fused_step_are_rebuilt(folders):
+    """q4: the quantized copies, their groups and the fused decode step are derived again, so
+    decode (narrow steps through the q4 kernels) equals a fresh q4 load of the new folder."""
+    new, _ = folders
+    tiny = _tiny(quantization="q4")
+    assert tiny[0].actorserve_quant is not None
+    async with serve(tiny) as (http, rt):
+        fused = getattr(rt.engine, "fused", None)
+        before, _ = await _ids(http, max_new=12)
+        r = await http.post("/update_weights_from_disk", json={"model_path": str(new)})
+        assert r.status == 200, await r.text()
+        assert getattr(rt.engine, "fused", None) is not fused or fused is None
+        after, _ = await _ids(http, max_new=12)
+    async with serve(_tiny(str(new), quantization="q4")) as (http, rt):
+        fresh, _ = await _ids(http, max_new=12)
+    assert after == fresh and after != before
