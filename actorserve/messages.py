@@ -92,6 +92,7 @@ class UpdateWeightsFromDisk:
     load_format: str | None = None
     abort_all: bool = False
     weight_version: str | None = None
+    token_step: int = 0          # the trainer's step (SGLang's), recorded with the version
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,12 +146,14 @@ async def test_an_update_waits_for_the_step_barrier(folders):
         running = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=6)))
         await asyncio.to_thread(stall.started.wait, 30)
         update = asyncio.ensure_future(http.post("/update_weights_from_disk", json={"model_path": str(new)}))
-        for _ in range(200):                       # the update's record reaches the scheduler and waits
-            if any(r.op == "update_weights_from_disk" for r in rt.control_actor.open.values()) \
-                    and rt.control_actor.weights.state.name == "updating":
+        for _ in range(400):                       # the scheduler answers busy: the record waits
+            if any(r.op == "update_weights_from_disk" and r.state.name == "waiting"
+                   for r in rt.control_actor.open.values()):
                 break
             await asyncio.sleep(0.005)
-        assert not update.done()
+        assert [r.state.name for r in rt.control_actor.open.values()
+                if r.op == "update_weights_from_disk"] == ["waiting"]
+        assert not update.done() and rt.control_actor.weights.state.name == "updating"
         stall.release()
         r = await running
         body = await r.json()
@@ -219,3 +221,22 @@ async def test_quantized_copies_and_the_fused_step_are_rebuilt(folders):
     async with serve(_tiny(str(new), quantization="q4")) as (http, rt):
         fresh, _ = await _ids(http, max_new=12)
     assert after == fresh and after != before
+
+
+async def test_sglangs_whole_request_body_is_accepted(folders):
+    """`UpdateWeightFromDiskReqInput` serialised whole, as a dataclass client sends it."""
+    new, _ = folders
+    async with serve(load_tiny()) as (http, rt):
+        body = {"model_path": str(new), "load_format": None, "abort_all_requests": False,
+                "weight_version": "v4", "is_async": False, "torch_empty_cache": False, "keep_pause": False,
+                "recapture_cuda_graph": False, "token_step": 3, "flush_cache": True, "manifest": None}
+        r = await http.post("/update_weights_from_disk", json=body)
+        assert r.status == 200, await r.text()
+        notes = rt.recorder.events(kind="weights_version")
+        assert [(e.data["version"], e.data["token_step"]) for e in notes] == [("v4", 3)]
+        for field in ("is_async", "keep_pause"):
+            r = await http.post("/update_weights_from_disk", json={**body, field: True})
+            assert r.status == 400
+            err = (await r.json())["error"]
+            assert err["param"] == field
+        assert [e.event for e in rt.recorder.events(kind="weights")] == ["create", "update", "loaded"]

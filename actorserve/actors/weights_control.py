@@ -49,10 +49,10 @@ class WeightsControl(Actor):
     def _weights_fire(self, event: str) -> None:
         WEIGHTS.fire(self.weights, event, observer=self._rec)
 
-    def _set_version(self, version: str) -> None:
+    def _set_version(self, version: str, **data: Any) -> None:
         self.weights.version = version
         if self._rec is not None:
-            self._rec.note("weights_version", "version", rid="weights", data={"version": version})
+            self._rec.note("weights_version", "version", rid="weights", data={"version": version, **data})
 
     @handles(UpdateWeightsFromDisk)
     def _update_from_disk(self, msg: UpdateWeightsFromDisk) -> Any:
@@ -83,8 +83,9 @@ class WeightsControl(Actor):
         if res.ok:
             self._weights_fire("loaded")
             self.weights.updates += 1
-            if msg.weight_version is not None:
-                self._set_version(msg.weight_version)
+            if msg.weight_version is not None or msg.token_step:
+                self._set_version(self.weights.version if msg.weight_version is None else msg.weight_version,
+                                  model_path=msg.model_path, token_step=msg.token_step)
             res = ControlResult(True, res.message, {**res.detail, "weight_version": self.weights.version})
         else:
             self._weights_fire("load_failed")

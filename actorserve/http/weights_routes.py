@@ -28,6 +28,14 @@ class UpdateFromDiskBody(_Body):
     abort_all_requests: StrictBool = False
     weight_version: Id | None = None
     flush_cache: StrictBool = True      # the load always flushes: old KV is never reused
+    # SGLang's other fields, as its clients serialise them: what has no meaning without CUDA is
+    # accepted either way; what would change the update's semantics only at its default
+    torch_empty_cache: StrictBool = False     # no CUDA cache to empty
+    recapture_cuda_graph: StrictBool = False  # no CUDA graphs to recapture
+    is_async: Literal[False] = False          # the update answers once the new weights serve
+    keep_pause: Literal[False] = False        # the update never pauses the server itself
+    token_step: StrictInt = Field(default=0, ge=0, le=INT32_MAX)   # recorded with the version
+    manifest: None = None
 
 
 class UpdateVersionBody(_Body):
@@ -43,7 +51,7 @@ class WeightsByNameBody(_Body):
 async def update_weights_from_disk(request: web.Request) -> web.Response:
     body = UpdateFromDiskBody.model_validate(await read_json(request))
     res = await request.app[CTX].runtime.control(UpdateWeightsFromDisk(
-        body.model_path, body.load_format, body.abort_all_requests, body.weight_version))
+        body.model_path, body.load_format, body.abort_all_requests, body.weight_version, body.token_step))
     paused = int(res.detail.get("waiting", 0)) if res.ok else 0
     answer: dict[str, Any] = {"success": res.ok, "message": res.message, "num_paused_requests": paused}
     if res.ok:
