@@ -66,6 +66,8 @@ async def test_update_from_disk_serves_the_new_weights(folders):
         after, meta = await _ids(http)
         assert after != before
         assert meta["weight_version"] == "v2"
+        info = await (await http.get("/model_info")).json()
+        assert info["weight_version"] == "v2" and info["model_path"] == str(new)
         assert meta["cached_tokens"] == 0                        # old KV never reused by new weights
         r = await http.post("/v1/chat/completions", json={"model": "tiny-llama", "max_tokens": 2,
                                                           "messages": [{"role": "user", "content": "hi"}]})
@@ -130,6 +132,8 @@ async def test_update_weight_version(folders):
         assert r.status == 200 and body["success"] is True and body["new_version"] == "step-7"
         _, meta = await _ids(http)
         assert meta["weight_version"] == "step-7"
+        assert (await (await http.get("/get_weight_version")).json()) == {"weight_version": "step-7"}
+        assert (await (await http.get("/model_info")).json())["weight_version"] == "step-7"
         r = await http.post("/update_weight_version", json={"new_version": ""})
         assert r.status == 400
         assert_error(await r.json())

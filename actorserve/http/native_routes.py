@@ -187,7 +187,7 @@ async def model_info(request: web.Request) -> web.Response:
         "is_generation": info.kind == "generate", "max_model_len": info.max_model_len,
         "context_length": ctx.capacity, "vocab_size": info.vocab_size,
         "eos_token_ids": list(info.eos_token_ids), "block_size": info.block_size,
-        "num_blocks": info.num_blocks, "dtype": info.dtype})
+        "num_blocks": info.num_blocks, "dtype": info.dtype, "weight_version": ctx.runtime.weight_version})
 
 
 def _jsonable(obj: Any) -> Any:

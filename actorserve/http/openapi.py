@@ -148,6 +148,7 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     weights_routes.update_weights_from_disk: Op("Load new weights from a model folder in place (SGLang)",
                                                 UpdateFromDiskBody),
     weights_routes.update_weight_version: Op("Relabel the served weights' version (SGLang)", UpdateVersionBody),
+    weights_routes.get_weight_version: Op("The served weights' version"),
     weights_routes.get_weights_by_name: Op("One parameter's values, first dimension truncated (SGLang)",
                                            WeightsByNameBody),
     health_routes.health_generate: Op("Deep health: a 1-token probe on the priority lane",

@@ -1,5 +1,5 @@
 """Weight routes in SGLang's wire shape: `/update_weights_from_disk`, `/update_weight_version`,
-`/get_weights_by_name` (GET or POST).
+`/get_weight_version` (older SGLang's; `/model_info` says it too), `/get_weights_by_name` (GET or POST).
 
 `/update_weights_from_disk` answers SGLang's ``{success, message, num_paused_requests}``: 200
 when the new weights serve, 400 when they could not be loaded (the old weights go on serving);
@@ -56,6 +56,7 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     answer: dict[str, Any] = {"success": res.ok, "message": res.message, "num_paused_requests": paused}
     if res.ok:
         answer["weight_version"] = res.detail.get("weight_version")
+        request.app[CTX].extra["model_path"] = body.model_path       # /model_info's, as SGLang's
         return web.json_response(answer)
     answer.update(error_body(400, res.message or "rejected", code="rejected", param="model_path"))
     return web.json_response(answer, status=400)
@@ -67,6 +68,10 @@ async def update_weight_version(request: web.Request) -> web.Response:
     if not res.ok:
         raise APIError(400, res.message or "rejected", code="rejected", param="new_version")
     return web.json_response({"success": True, "message": res.message, "new_version": body.new_version})
+
+
+async def get_weight_version(request: web.Request) -> web.Response:
+    return web.json_response({"weight_version": request.app[CTX].runtime.weight_version})
 
 
 async def get_weights_by_name(request: web.Request) -> web.Response:
@@ -89,6 +94,7 @@ async def get_weights_by_name(request: web.Request) -> web.Response:
 ROUTES = [
     web.post("/update_weights_from_disk", update_weights_from_disk),
     web.post("/update_weight_version", update_weight_version),
+    web.get("/get_weight_version", get_weight_version),
     web.get("/get_weights_by_name", get_weights_by_name),
     web.post("/get_weights_by_name", get_weights_by_name),
 ]
