@@ -244,3 +244,40 @@ async def test_sglangs_whole_request_body_is_accepted(folders):
             err = (await r.json())["error"]
             assert err["param"] == field
         assert [e.event for e in rt.recorder.events(kind="weights")] == ["create", "update", "loaded"]
+
+
+async def test_pause_retract_then_update_then_continue(folders):
+    """AReaL's sequence: the retracted request waits through the update (SGLang's
+    num_paused_requests), then is recomputed and finishes under the new weights; paused
+    in_place the update is refused at once (the parked requests hold the old KV)."""
+    new, _ = folders
+    async with serve(load_tiny()) as (http, rt):
+        stall = Stall(rt.engine)
+        stall.armed = True
+        running = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=30)))
+        await asyncio.to_thread(stall.started.wait, 30)
+        pause = asyncio.ensure_future(http.post("/pause_generation", json={"mode": "retract"}))
+        for _ in range(400):
+            if rt.scheduler.state.name == "pausing":
+                break
+            await asyncio.sleep(0.005)
+        stall.release()
+        r = await pause
+        assert r.status == 200 and (await r.json())["affected"] == 1
+        r = await http.post("/update_weights_from_disk", json={"model_path": str(new), "weight_version": "v5"})
+        body = await r.json()
+        assert r.status == 200 and body["success"] is True and body["num_paused_requests"] == 1, body
+        assert not running.done()
+        assert (await http.post("/continue_generation", json={})).status == 200
+        body = await (await running).json()
+        assert body["meta_info"]["finish_reason"]["type"] == "length" and len(body["output_ids"]) == 30
+        assert body["meta_info"]["weight_version"] == "v5"
+        r = await http.post("/pause_generation", json={"mode": "in_place"})
+        assert r.status == 200
+        r = await http.post("/update_weights_from_disk", json={"model_path": str(new)})
+        body = await r.json()
+        assert r.status == 400 and "in_place" in body["message"]
+        assert (await http.post("/continue_generation", json={})).status == 200
+        await settle(rt)
+        assert [e.event for e in rt.recorder.events(kind="weights")] == ["create", "update", "loaded"]
+        assert check(rt.recorder.events()).ok

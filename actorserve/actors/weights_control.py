@@ -63,6 +63,10 @@ class WeightsControl(Actor):
         if self.server.state in (ServerState.draining, ServerState.stopped):
             return self._end(rec, ControlResult(False, f"cannot update the weights while the server is "
                                                        f"{self.server.state.name}"))
+        if self.server.state is ServerState.paused_in_place:   # it would wait for a continue forever
+            return self._end(rec, ControlResult(False, "cannot update the weights while paused in_place: "
+                                                       "the parked requests hold KV of the old weights; "
+                                                       "pause with abort or retract, or continue first"))
         self._weights_fire("update")
         rec.msg = msg
         if msg.abort_all:
