@@ -132,7 +132,7 @@ def weights_by_name(engine: Any, name: str, truncate_size: int = 100) -> list[An
     """One parameter's values as nested lists (float32), its first dimension cut at
     `truncate_size` (SGLang's `/get_weights_by_name`)."""
     model = _model_of(engine)
-    params = dict(model.named_parameters())
+    params = model.state_dict()           # tied weights under each of their names
     if name not in params:
         raise WeightsMismatch(f"no parameter named {name!r}")
     t = params[name].detach()
