@@ -283,3 +283,34 @@ async def test_pause_retract_then_update_then_continue(folders):
         await settle(rt)
         assert [e.event for e in rt.recorder.events(kind="weights")] == ["create", "update", "loaded"]
         assert check(rt.recorder.events()).ok
+
+
+async def test_smollm2_q4_fused_decode_follows_the_weights(monkeypatch):
+    """SmolLM2 with its q4 copies and the fused decode step: swapped layers change the greedy
+    output, and swapping them back gives the first output exactly (no derived copy is stale).
+    The folder read is replaced by the model's own tensors (no 500 MB written to disk)."""
+    from actorserve.engine import refit
+    from actorserve.engine.models import load_model
+    from actorserve.engine.tokenizer import TextTokenizer
+
+    model, hf_tok, _ = load_model("default", threads=2, quantization="auto")
+    smol = (model, hf_tok, TextTokenizer(hf_tok, generation_config=model.generation_config))
+    assert model.actorserve_quant is not None
+    orig = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    swapped = dict(orig)
+    for k in orig:
+        if k.startswith("model.layers.0."):
+            other = k.replace("model.layers.0.", "model.layers.1.", 1)
+            swapped[k], swapped[other] = orig[other], orig[k]
+    monkeypatch.setattr(refit, "_read_folder", lambda path, fmt: swapped if path == "swapped" else orig)
+    body = {"text": "The capital of France is",
+            "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}}
+    async with serve(smol, name="smol") as (http, rt):
+        assert rt.engine.fused is not None           # narrow q4 decode steps run fused
+        first = (await (await http.post("/generate", json=body)).json())["output_ids"]
+        for path, expect_same in (("swapped", False), ("original", True)):
+            r = await http.post("/update_weights_from_disk", json={"model_path": path})
+            assert r.status == 200, await r.text()
+            assert rt.engine.fused is not None
+            out = (await (await http.post("/generate", json=body)).json())["output_ids"]
+            assert (out == first) is expect_same, (path, out, first)
