@@ -23,6 +23,7 @@ class ModelConfig:
     dtype: str = "auto"                 # auto | float32 | bfloat16 (engine.dtype): weights and KV cache
     decode_attention: str = "auto"      # auto | inplace | gather (engine.decode_kernel)
     quantization: str = "auto"          # auto | none | q4 | q4a8 (engine.quant): quantized decode steps
+    weight_version: str = "default"     # the served weights' version (responses' weight_version)
 
 
 @dataclass(frozen=True, slots=True)

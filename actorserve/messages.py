@@ -85,7 +85,38 @@ class ControlResult:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class UpdateWeightsFromDisk:
+    """Load new weights from a model folder in place, at a step barrier (`/update_weights_from_disk`)."""
+    model_path: str
+    load_format: str | None = None
+    abort_all: bool = False
+    weight_version: str | None = None
+    token_step: int = 0          # the trainer's step (SGLang's), recorded with the version
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateWeightVersion:
+    """Relabel the served weights (`/update_weight_version`); optionally abort every request."""
+    new_version: str
+    abort_all: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GetWeightsByName:
+    """Read one parameter of the served model (`/get_weights_by_name`)."""
+    name: str
+    truncate_size: int = 100
+
+
 # -- control actor -> scheduler -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class LoadWeights:
+    """Load a folder's weights into the engine now if no request holds KV and no step runs
+    (else answered busy); on success the prefix cache is flushed."""
+    model_path: str
+    load_format: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

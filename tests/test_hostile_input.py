@@ -68,6 +68,9 @@ ROUTES: dict[str, dict[str, Any]] = {
     "/open_session": {},
     "/close_session": {"session_id": "nobody"},
     "/start_profile": {"num_steps": 1},
+    "/update_weights_from_disk": {"model_path": "tiny"},        # the served weights again
+    "/update_weight_version": {"new_version": "v1"},
+    "/get_weights_by_name": {"name": "model.norm.weight", "truncate_size": 1},
 }
 OPTIONAL_BODY = {"/pause_generation", "/continue_generation", "/flush_cache", "/open_session", "/start_profile"}
 # a probe, a liveness check, a stop, a cancel: the body is never read (-> what they answer here)
@@ -318,6 +321,14 @@ FIELD_CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "open_session_timeout_1e9": ("/open_session", {"timeout": 1e9}, "timeout"),
     "open_session_timeout_0": ("/open_session", {"timeout": 0}, "timeout"),
     "close_session_id_257": ("/close_session", {"session_id": "s" * 257}, "session_id"),
+    "update_weights_load_format": ("/update_weights_from_disk", {"model_path": "tiny", "load_format": "gguf"},
+                                   "load_format"),
+    "update_weights_model_path_empty": ("/update_weights_from_disk", {"model_path": ""}, "model_path"),
+    "update_weights_abort_not_bool": ("/update_weights_from_disk", {"model_path": "tiny",
+                                                                    "abort_all_requests": "yes"},
+                                      "abort_all_requests"),
+    "weight_version_empty": ("/update_weight_version", {"new_version": ""}, "new_version"),
+    "weights_truncate_0": ("/get_weights_by_name", {"name": "x", "truncate_size": 0}, "truncate_size"),
 }
 
 

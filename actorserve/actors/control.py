@@ -8,7 +8,8 @@ machines. Every abort goes through here — the `/abort_request` route, a client
 disconnected, a health probe that timed out, a pooling request's caller that left — so each
 one is a recorded control request with its reason.
 
-The control actor also owns the server's two orthogonal regions: the SERVER lifecycle
+The served weights are the WEIGHTS lifecycle, handled by the `WeightsControl` base
+(`weights_control`). The control actor also owns the server's two orthogonal regions: the SERVER lifecycle
 (``starting -> serving <-> paused_<mode> -> draining -> stopped``) and the HEALTH lifecycle
 (``healthy <-> unhealthy``, moved by the watchdog's `HealthVerdict`). A paused server that
 stalls is ``paused_retract`` and ``unhealthy`` at once; nothing is re-fired when it recovers.
@@ -31,10 +32,11 @@ from ..messages import (
     Pause, PauseGeneration, SchedulerIdle, ServerEvent, WhenIdle,
 )
 from ..statemachines import (
-    CONTROL, HEALTH, PAUSED_MODE, SERVER, ControlState, GenState, HealthState, IllegalTransition,
+    CONTROL, HEALTH, PAUSED_MODE, SERVER, WEIGHTS, ControlState, GenState, HealthState, IllegalTransition,
     PoolState, ServerState,
 )
 from .actor import Actor, handles
+from .weights_control import WEIGHT_OPS, WeightsControl, WeightsModel
 
 S = ServerState
 _DELIVERING = (GenState.detok, PoolState.pool)    # result known, not yet taken by the client
@@ -75,15 +77,16 @@ class HealthModel:
         self.stalls = 0
 
 
-class ControlActor(Actor):
+class ControlActor(WeightsControl):
     def __init__(self, scheduler: Actor, *, pool_schedulers: dict[str, Actor] | None = None,
-                 name: str = "control") -> None:
+                 name: str = "control", weight_version: str = "default") -> None:
         super().__init__(name)
         self.scheduler = scheduler
         self.pool_schedulers = dict(pool_schedulers or {})
         self.sessions: Actor | None = None      # the session actor (open/close_session go there)
         self.server = ServerModel()
         self.health = HealthModel()
+        self.weights = WeightsModel(weight_version)    # the WEIGHTS lifecycle (weights_control)
         self._ids = itertools.count(1)
         self.open: dict[str, ControlRecord] = {}           # records not ended yet, by rid
         self.history: deque[ControlRecord] = deque(maxlen=32)   # the last ended, for /server_info
@@ -246,6 +249,9 @@ class ControlActor(Actor):
         if rec is None:
             return                  # ended meanwhile (a flush that timed out)
         rec.parts -= 1
+        if rec.op in WEIGHT_OPS:
+            self._weights_done(rec, msg.result, msg.error)
+            return
         if msg.error is not None:
             self._end(rec, ControlResult(False, f"{rec.op} failed: {type(msg.error).__name__}: {msg.error}"))
             return
@@ -282,6 +288,8 @@ class ControlActor(Actor):
             return
         if rec.op == "flush_cache":
             self._ask(rec, self.scheduler, Flush())
+        elif rec.op in WEIGHT_OPS:
+            self._weights_idle(rec)
         elif rec.op == "drain":
             rec.idle_left -= 1
             if rec.idle_left == 0:
@@ -332,6 +340,7 @@ class ControlActor(Actor):
         if self._rec is not None:
             self._rec.created(SERVER, self.server)
             self._rec.created(HEALTH, self.health)
+            self._rec.created(WEIGHTS, self.weights, {"version": self.weights.version})
 
     def on_stop(self) -> None:
         for rec in list(self.open.values()):

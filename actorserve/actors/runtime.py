@@ -105,7 +105,8 @@ class Runtime:
     def __init__(self, engine: Engine, *, config: SchedulerConfig | None = None,
                  clock: Clock | None = None, recorder: Any = None,
                  pooling_engines: dict[str, Engine] | None = None,
-                 detokenizer: Callable[[SamplingParams], Any] | None = None) -> None:
+                 detokenizer: Callable[[SamplingParams], Any] | None = None,
+                 weight_version: str = "default") -> None:
         cfg = config or SchedulerConfig()
         self.engine = engine
         self.recorder = recorder
@@ -117,7 +118,8 @@ class Runtime:
         self.pooling_engines: dict[str, Engine] = dict(pooling_engines or {})
         self.pool_schedulers: dict[str, SchedulerActor] = {
             key: _pool_scheduler(key, eng, cfg, self.stage) for key, eng in self.pooling_engines.items()}
-        self.control_actor = ControlActor(self.scheduler, pool_schedulers=self.pool_schedulers)
+        self.control_actor = ControlActor(self.scheduler, pool_schedulers=self.pool_schedulers,
+                                          weight_version=weight_version)
         self.sessions = SessionActor()                  # open/close_session via the control actor
         self.control_actor.sessions = self.sessions
         self.responses = ResponseStoreActor(self.sessions, capacity=cfg.responses_store,
@@ -396,6 +398,11 @@ class Runtime:
 
     def snapshot(self) -> ServerSnapshot:
         return ServerSnapshot(**self.control_actor.snapshot(), shed=self.shed)
+
+    @property
+    def weight_version(self) -> str:
+        """The version of the weights serving now (`--weight-version`, then each update's)."""
+        return self.control_actor.weights.version
 
     @property
     def server_state(self) -> str:

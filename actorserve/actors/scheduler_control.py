@@ -11,6 +11,11 @@ scheduler actor itself, so the diagram, the recording and the code agree:
   step boundary (`_apply_pending_pause`, after the output stage has answered), and its reply
   waits for it. A `Continue` before then cancels it (``pausing -> stepping``).
 * `Continue` goes ``paused_<mode> -> pending | idle``.
+* `LoadWeights` loads a model folder's weights into the engine in place (`engine.refit`) when
+  no step is in flight and no request holds KV (else answers busy, and the control actor waits
+  for idle as a flush does), then flushes the prefix cache: no forward mixes two weight versions
+  and no KV of the old weights is reused. Requests waiting in the queue (a retract pause
+  included) run later under the new weights.
 * `Flush` clears the prefix cache when no request is in flight, else answers busy; waiting for
   idle is the control record's `waiting` state, not the scheduler's: the control actor asks
   `WhenIdle` and flushes again when the answer comes. `WhenIdle` is answered the moment the
@@ -26,7 +31,8 @@ import asyncio
 from typing import Any
 
 from ..messages import (
-    Abort, Continue, ControlResult, Flush, Pause, Paused, Resumed, Retracted, WhenIdle,
+    Abort, Continue, ControlResult, Flush, GetWeightsByName, LoadWeights, Pause, Paused, Resumed,
+    Retracted, WhenIdle,
 )
 from ..statemachines import PAUSE_MODES, PAUSED_MODE, SCHEDULER, SchedulerState
 from .actor import Actor, handles
@@ -137,6 +143,30 @@ class SchedulerControl(Actor):
                                  {"busy": len(self.seqs)})
         n = self.bm.flush()
         return ControlResult(True, "prefix cache flushed", {"freed_blocks": n})
+
+    # -- weights -------------------------------------------------------------------------------
+    @handles(LoadWeights)
+    def _load_weights(self, msg: LoadWeights) -> ControlResult:
+        from ..engine import refit
+        if self.state in (K.stepping, K.pausing) or self.running:
+            return ControlResult(False, f"engine busy: {len(self.running)} requests hold KV",
+                                 {"busy": len(self.running)})
+        try:
+            n = refit.load_from_disk(self.engine, msg.model_path, msg.load_format)
+        except refit.WeightsMismatch as exc:
+            return ControlResult(False, str(exc))
+        freed = self.bm.flush()
+        return ControlResult(True, f"loaded {n} tensors from {msg.model_path}; prefix cache flushed",
+                             {"tensors": n, "freed_blocks": freed, "waiting": len(self.seqs)})
+
+    @handles(GetWeightsByName)
+    def _weights_by_name(self, msg: GetWeightsByName) -> ControlResult:
+        from ..engine import refit
+        try:
+            values = refit.weights_by_name(self.engine, msg.name, msg.truncate_size)
+        except refit.WeightsMismatch as exc:
+            return ControlResult(False, str(exc))
+        return ControlResult(True, msg.name, {"values": values})
 
     @handles(WhenIdle)
     def _when_idle(self, msg: WhenIdle) -> Any:

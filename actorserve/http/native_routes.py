@@ -54,11 +54,11 @@ def finish_reason(out: Any) -> dict[str, Any]:
     return reason
 
 
-def _meta(job: Job, out: Any, finished: bool, weights: str) -> dict[str, Any]:
+def _meta(job: Job, out: Any, finished: bool, weights: Any) -> dict[str, Any]:
     reason = finish_reason(out) if finished else None
     meta = {"id": job.rid, "finish_reason": reason, "prompt_tokens": out.prompt_tokens,
             "completion_tokens": out.completion_tokens, "cached_tokens": out.cached_tokens,
-            "weight_version": weights,     # SGLang's: which weights answered ("default" at load)
+            "weight_version": weights(),   # SGLang's: which weights answered (--weight-version, updates)
             "e2e_latency": round(job.timer.elapsed, 6) if job.timer is not None else None}
     spec = getattr(out, "spec", None)
     if spec is not None:           # it speculated (--speculative): SGLang's spec_verify_ct and more
@@ -115,7 +115,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     zero_jobs: set[int] = set()      # job indices of those inputs
     prompt_len: dict[int, int] = {}  # job index -> its prompt's tokens (every streamed chunk says it)
     lp_of: dict[int, Any] = {}       # job index -> its SGLang logprob fields (return_logprob)
-    weights = str(ctx.extra.get("weight_version", "default"))
+    weights = lambda: ctx.runtime.weight_version     # read when answered: an update may come between
     with_text = body.return_text_in_logprobs
     async with group:
         if sess is not None:
@@ -187,7 +187,7 @@ async def model_info(request: web.Request) -> web.Response:
         "is_generation": info.kind == "generate", "max_model_len": info.max_model_len,
         "context_length": ctx.capacity, "vocab_size": info.vocab_size,
         "eos_token_ids": list(info.eos_token_ids), "block_size": info.block_size,
-        "num_blocks": info.num_blocks, "dtype": info.dtype})
+        "num_blocks": info.num_blocks, "dtype": info.dtype, "weight_version": ctx.runtime.weight_version})
 
 
 def _jsonable(obj: Any) -> Any:

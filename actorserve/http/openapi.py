@@ -30,7 +30,7 @@ from .. import __version__
 from ..statemachines import LIFECYCLES
 from . import (
     cohere_routes, control_routes, debug_routes, health_routes, native_routes, openai_routes, responses_routes,
-    pooling_routes, profile_routes,
+    pooling_routes, profile_routes, weights_routes,
 )
 from .cohere_schemas import CohereEmbedRequest, CohereRerankRequest
 from .responses_schemas import InputItemsQuery, ResponsePath, ResponsesRequest, RetrieveQuery
@@ -42,6 +42,7 @@ from .schemas import ChatCompletionRequest, CompletionRequest
 from .state import CTX
 from . import classify_routes, reasoning_routes, score_routes, tokenize_routes, vllm_routes
 from .reasoning_routes import SeparateReasoningRequest
+from .weights_routes import UpdateFromDiskBody, UpdateVersionBody, WeightsByNameBody
 from .tokenize_routes import DetokenizeRequest, TokenizeRequest
 
 OPENAPI_VERSION = "3.1.0"
@@ -144,6 +145,12 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     control_routes.open_session: Op("Open a session; answers its id", OpenSessionBody,
                                     body_required=False),
     control_routes.close_session: Op("Close a session", CloseSessionBody),
+    weights_routes.update_weights_from_disk: Op("Load new weights from a model folder in place (SGLang)",
+                                                UpdateFromDiskBody),
+    weights_routes.update_weight_version: Op("Relabel the served weights' version (SGLang)", UpdateVersionBody),
+    weights_routes.get_weight_version: Op("The served weights' version"),
+    weights_routes.get_weights_by_name: Op("One parameter's values, first dimension truncated (SGLang)",
+                                           WeightsByNameBody),
     health_routes.health_generate: Op("Deep health: a 1-token probe on the priority lane",
                                       query=HealthGenerateQuery, health=True),
     pooling_routes.embeddings: Op("Embeddings (OpenAI)", EmbeddingRequest, work=True),

@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "linear gets the 4-bit copy (exact only for such a GGUF). q4a8: the same "
                         "weights multiplied by activations rounded to 8 bits per 32 (llama.cpp's "
                         "arithmetic): faster, slightly less accurate. none: dense only")
+    p.add_argument("--weight-version", default="default",
+                   help="the served weights' version, answered as weight_version (SGLang's); "
+                        "/update_weights_from_disk and /update_weight_version change it")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="tokens computed in one step, prefill chunks and decodes together")
@@ -143,6 +146,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                           dtype=getattr(args, "dtype", "auto"),
                           decode_attention=getattr(args, "decode_attention", "auto"),
                           quantization=getattr(args, "quantization", "none"),
+                          weight_version=getattr(args, "weight_version", "default"),
                           embedding_model=None if str(args.embedding_model).lower() in ("none", "off", "")
                           else args.embedding_model,
                           rerank_model=args.rerank_model, classify_model=args.classify_model),

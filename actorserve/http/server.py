@@ -96,7 +96,7 @@ def build_runtime(config: ServerConfig) -> Built:
     pool = load_pool_models(mc, dtype)
     runtime = Runtime(engine, config=config.scheduler, recorder=recorder,
                       pooling_engines={k: pm.engine for k, pm in pool.items()},
-                      detokenizer=tokenizer.detokenizer_for)
+                      detokenizer=tokenizer.detokenizer_for, weight_version=mc.weight_version)
     quant = getattr(model, "actorserve_quant", None)
     paths = None
     if getattr(engine, "layers", None) is not None:        # the paged runner (not the HF fallback)

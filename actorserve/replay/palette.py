@@ -34,6 +34,8 @@ STATE_COLORS: dict[str, str] = {
     # stored responses (/v1/responses)
     "in_progress": "#fb923c", "completed": "#166534", "incomplete": "#ca8a04",
     "cancelled": "#9a3412", "deleted": "#1e293b", "evicted": "#7c3aed",
+    # the served weights (serving and failed as above)
+    "updating": "#0d9488",
 }
 UNKNOWN = "#9ca3af"
 

@@ -4,7 +4,7 @@ from .core import Edge, IllegalTransition, Lifecycle, LifecycleError, Subject, U
 from .lifecycles import (
     CONTROL, GENERATION, HEALTH, LIFECYCLES, PAUSE_MODES, PAUSED_MODE, POOLING, SCHEDULER, SERVER,
     RESPONSE, SESSION, ControlState, GenState, HealthState, PoolState, ResponseState, SchedulerState,
-    ServerState, SessionState, lifecycle,
+    ServerState, SessionState, WEIGHTS, WeightsState, lifecycle,
 )
 
 __all__ = [
@@ -12,5 +12,5 @@ __all__ = [
     "CONTROL", "GENERATION", "HEALTH", "LIFECYCLES", "PAUSE_MODES", "PAUSED_MODE", "POOLING",
     "RESPONSE", "SCHEDULER", "SERVER", "SESSION", "ResponseState", "ControlState", "GenState",
     "HealthState", "PoolState",
-    "SchedulerState", "ServerState", "SessionState", "lifecycle",
+    "SchedulerState", "ServerState", "SessionState", "WEIGHTS", "WeightsState", "lifecycle",
 ]

@@ -14,6 +14,9 @@ and the long-lived actors have theirs:
 * scheduler   ``idle -> pending -> [windowing ->] stepping -> ...``, ``pausing`` while a pause waits
               for the step boundary, ``paused_{abort,retract,in_place}``;
 * session     ``open -> closing -> closed`` (close deferred while a request of it runs);
+* weights     ``serving -> updating -> serving`` (a weight update at a step barrier), ``updating ->
+              failed -> serving`` (a bad load: the old weights keep serving), ``rename`` (a new
+              version label, same weights);
 * response    a stored `/v1/responses` object: ``queued -> in_progress -> completed | incomplete |
               failed | cancelled``, then ``deleted`` (the client) or ``evicted`` (the store's bound).
 
@@ -103,6 +106,12 @@ class SessionState(enum.Enum):
     open = "open"
     closing = "closing"
     closed = "closed"
+
+
+class WeightsState(enum.Enum):
+    serving = "serving"
+    updating = "updating"
+    failed = "failed"
 
 
 class ResponseState(enum.Enum):
@@ -279,8 +288,28 @@ RESPONSE = Lifecycle(
         "client deletes it or the store's bound (--responses-store) evicts it, oldest ended first.",
 )
 
+W = WeightsState
+
+WEIGHTS = Lifecycle(
+    name="weights",
+    states=WeightsState,
+    initial=W.serving,
+    terminal=frozenset(),
+    edges=(
+        Edge("update", (W.serving,), W.updating),       # waits for the step barrier, then loads
+        Edge("loaded", (W.updating,), W.serving),       # the new weights (and version) serve
+        Edge("load_failed", (W.updating,), W.failed),   # a bad folder, other shapes: nothing changed
+        Edge("keep_old", (W.failed,), W.serving),       # the old weights go on serving
+        Edge("rename", (W.serving,), W.serving),        # /update_weight_version: a new label only
+    ),
+    doc="The served weights and their version: an update loads in place between two model "
+        "steps (no step mixes versions) and flushes the prefix cache; a failed load leaves the "
+        "old weights serving.",
+)
+
 LIFECYCLES: dict[str, Lifecycle] = {
-    lc.name: lc for lc in (GENERATION, POOLING, CONTROL, SERVER, HEALTH, SCHEDULER, SESSION, RESPONSE)
+    lc.name: lc for lc in (GENERATION, POOLING, CONTROL, SERVER, HEALTH, SCHEDULER, SESSION, RESPONSE,
+                           WEIGHTS)
 }
 
 

@@ -1,0 +1,124 @@
+"""The served weights as a lifecycle: `/update_weights_from_disk`, `/update_weight_version` and
+`/get_weights_by_name`, the control actor's part (`WeightsControl`, a base of `ControlActor`).
+
+The weights are a `WeightsModel` walking the WEIGHTS lifecycle
+(``serving -> updating -> serving``, or ``updating -> failed -> serving`` when the load fails
+and the old weights go on serving; ``rename`` relabels the version). Its `version` is what every
+response says in ``weight_version``; each change is on the recording (a ``weights_version``
+note beside the transition).
+
+An update is a control record like a flush: ``abort_all_requests`` first aborts every request
+(through the ordinary abort, so each ends ``abort`` with its partial output); then the scheduler
+is asked `LoadWeights`, which it applies only between steps with no request holding KV. While
+requests run it answers busy, and the record waits (``waiting``) for the scheduler's idle
+answer and asks again: the update is a barrier, never a forward that mixes two versions. The
+load flushes the prefix cache, so no KV of the old weights is reused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..messages import (
+    AbortRequest, ControlResult, GetWeightsByName, LoadWeights, UpdateWeightVersion, UpdateWeightsFromDisk,
+)
+from ..statemachines import WEIGHTS, IllegalTransition, ServerState, WeightsState
+from .actor import Actor, handles
+
+WEIGHT_OPS = ("update_weights_from_disk",)
+
+
+class WeightsModel:
+    __slots__ = ("rid", "state", "version", "updates", "last_error")
+
+    def __init__(self, version: str = "default") -> None:
+        self.rid = "weights"
+        self.state = WEIGHTS.initial
+        self.version = version
+        self.updates = 0            # updates applied
+        self.last_error = ""
+
+
+class WeightsControl(Actor):
+    # owned by ControlActor
+    weights: WeightsModel
+    scheduler: Actor
+    server: Any
+    # and its `_new`, `_end`, `_wait`, `_ask`, `_ask_idle`, `_abort`, `_rec`
+
+    def _weights_fire(self, event: str) -> None:
+        WEIGHTS.fire(self.weights, event, observer=self._rec)
+
+    def _set_version(self, version: str, **data: Any) -> None:
+        self.weights.version = version
+        if self._rec is not None:
+            self._rec.note("weights_version", "version", rid="weights", data={"version": version, **data})
+
+    @handles(UpdateWeightsFromDisk)
+    def _update_from_disk(self, msg: UpdateWeightsFromDisk) -> Any:
+        rec = self._new("update_weights_from_disk")
+        if self.weights.state is not WeightsState.serving:
+            return self._end(rec, ControlResult(False, f"cannot update the weights while they are "
+                                                       f"{self.weights.state.name}"))
+        if self.server.state in (ServerState.draining, ServerState.stopped):
+            return self._end(rec, ControlResult(False, f"cannot update the weights while the server is "
+                                                       f"{self.server.state.name}"))
+        if self.server.state is ServerState.paused_in_place:   # it would wait for a continue forever
+            return self._end(rec, ControlResult(False, "cannot update the weights while paused in_place: "
+                                                       "the parked requests hold KV of the old weights; "
+                                                       "pause with abort or retract, or continue first"))
+        self._weights_fire("update")
+        rec.msg = msg
+        if msg.abort_all:
+            self._abort(AbortRequest(abort_all=True))      # its own record; reaches the scheduler first
+        self._ask(rec, self.scheduler, LoadWeights(msg.model_path, msg.load_format))
+        return rec.reply
+
+    def _weights_done(self, rec: Any, res: ControlResult | None, error: BaseException | None) -> None:
+        """The scheduler's answer to `LoadWeights` (or its failure)."""
+        if error is not None:
+            res = ControlResult(False, f"update_weights_from_disk failed: {type(error).__name__}: {error}")
+        assert res is not None
+        if not res.ok and "busy" in res.detail:          # requests hold KV: wait for the barrier
+            self._wait(rec)
+            self._ask_idle(rec, self.scheduler)
+            return
+        msg: UpdateWeightsFromDisk = rec.msg
+        if res.ok:
+            self._weights_fire("loaded")
+            self.weights.updates += 1
+            if msg.weight_version is not None or msg.token_step:
+                self._set_version(self.weights.version if msg.weight_version is None else msg.weight_version,
+                                  model_path=msg.model_path, token_step=msg.token_step)
+            res = ControlResult(True, res.message, {**res.detail, "weight_version": self.weights.version})
+        else:
+            self._weights_fire("load_failed")
+            self.weights.last_error = res.message
+            self._weights_fire("keep_old")
+        self._end(rec, res)
+
+    def _weights_idle(self, rec: Any) -> None:
+        """The scheduler is idle: ask for the load again."""
+        self._ask(rec, self.scheduler, LoadWeights(rec.msg.model_path, rec.msg.load_format))
+
+    @handles(UpdateWeightVersion)
+    def _update_version(self, msg: UpdateWeightVersion) -> Any:
+        rec = self._new("update_weight_version", deferred=False)
+        if not msg.new_version:
+            return self._end(rec, ControlResult(False, "new_version must be a non-empty string"))
+        try:
+            self._weights_fire("rename")
+        except IllegalTransition:
+            return self._end(rec, ControlResult(False, f"cannot rename the weights while they are "
+                                                       f"{self.weights.state.name}"))
+        if msg.abort_all:
+            self._abort(AbortRequest(abort_all=True))
+        self._set_version(msg.new_version)
+        return self._end(rec, ControlResult(True, f"weight version updated to {msg.new_version}",
+                                            {"weight_version": msg.new_version}))
+
+    @handles(GetWeightsByName)
+    def _get_weights(self, msg: GetWeightsByName) -> Any:
+        rec = self._new("get_weights_by_name")
+        self._ask(rec, self.scheduler, msg)
+        return rec.reply

@@ -1,0 +1,100 @@
+"""Weight routes in SGLang's wire shape: `/update_weights_from_disk`, `/update_weight_version`,
+`/get_weight_version` (older SGLang's; `/model_info` says it too), `/get_weights_by_name` (GET or POST).
+
+`/update_weights_from_disk` answers SGLang's ``{success, message, num_paused_requests}``: 200
+when the new weights serve, 400 when they could not be loaded (the old weights go on serving);
+the 400 also carries the OpenAI-shaped ``error`` (``param: model_path``). The update itself is
+the control actor's (`actors.weights_control`): at a step barrier, with the prefix cache flushed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+from ..messages import GetWeightsByName, UpdateWeightVersion, UpdateWeightsFromDisk
+from .errors import APIError, error_body
+from .schemas import INT32_MAX, Id, _Body, read_json
+from .state import CTX
+
+Path = StrictStr
+
+
+class UpdateFromDiskBody(_Body):
+    model_path: Path = Field(min_length=1, max_length=4096)
+    load_format: Literal["auto", "safetensors", "pt"] | None = None
+    abort_all_requests: StrictBool = False
+    weight_version: Id | None = None
+    flush_cache: StrictBool = True      # the load always flushes: old KV is never reused
+    # SGLang's other fields, as its clients serialise them: what has no meaning without CUDA is
+    # accepted either way; what would change the update's semantics only at its default
+    torch_empty_cache: StrictBool = False     # no CUDA cache to empty
+    recapture_cuda_graph: StrictBool = False  # no CUDA graphs to recapture
+    is_async: Literal[False] = False          # the update answers once the new weights serve
+    keep_pause: Literal[False] = False        # the update never pauses the server itself
+    token_step: StrictInt = Field(default=0, ge=0, le=INT32_MAX)   # recorded with the version
+    manifest: None = None
+
+
+class UpdateVersionBody(_Body):
+    new_version: Id = Field(min_length=1)
+    abort_all_requests: StrictBool = False
+
+
+class WeightsByNameBody(_Body):
+    name: StrictStr = Field(min_length=1, max_length=1024)
+    truncate_size: StrictInt = Field(default=100, ge=1, le=INT32_MAX)
+
+
+async def update_weights_from_disk(request: web.Request) -> web.Response:
+    body = UpdateFromDiskBody.model_validate(await read_json(request))
+    res = await request.app[CTX].runtime.control(UpdateWeightsFromDisk(
+        body.model_path, body.load_format, body.abort_all_requests, body.weight_version, body.token_step))
+    paused = int(res.detail.get("waiting", 0)) if res.ok else 0
+    answer: dict[str, Any] = {"success": res.ok, "message": res.message, "num_paused_requests": paused}
+    if res.ok:
+        answer["weight_version"] = res.detail.get("weight_version")
+        request.app[CTX].extra["model_path"] = body.model_path       # /model_info's, as SGLang's
+        return web.json_response(answer)
+    answer.update(error_body(400, res.message or "rejected", code="rejected", param="model_path"))
+    return web.json_response(answer, status=400)
+
+
+async def update_weight_version(request: web.Request) -> web.Response:
+    body = UpdateVersionBody.model_validate(await read_json(request))
+    res = await request.app[CTX].runtime.control(UpdateWeightVersion(body.new_version, body.abort_all_requests))
+    if not res.ok:
+        raise APIError(400, res.message or "rejected", code="rejected", param="new_version")
+    return web.json_response({"success": True, "message": res.message, "new_version": body.new_version})
+
+
+async def get_weight_version(request: web.Request) -> web.Response:
+    return web.json_response({"weight_version": request.app[CTX].runtime.weight_version})
+
+
+async def get_weights_by_name(request: web.Request) -> web.Response:
+    if request.method == "GET" and request.query:
+        raw: Any = dict(request.query)
+        if "truncate_size" in raw:
+            try:
+                raw["truncate_size"] = int(raw["truncate_size"])
+            except ValueError:
+                raise APIError(400, "truncate_size must be an integer", param="truncate_size") from None
+    else:
+        raw = await read_json(request)
+    body = WeightsByNameBody.model_validate(raw)
+    res = await request.app[CTX].runtime.control(GetWeightsByName(body.name, body.truncate_size))
+    if not res.ok:
+        raise APIError(400, res.message or "rejected", code="rejected", param="name")
+    return web.json_response(res.detail["values"])
+
+
+ROUTES = [
+    web.post("/update_weights_from_disk", update_weights_from_disk),
+    web.post("/update_weight_version", update_weight_version),
+    web.get("/get_weight_version", get_weight_version),
+    web.get("/get_weights_by_name", get_weights_by_name),
+    web.post("/get_weights_by_name", get_weights_by_name),
+]

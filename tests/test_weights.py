@@ -1,0 +1,316 @@
+"""Weights as a lifecycle: `/update_weights_from_disk`, `/update_weight_version`,
+`/get_weights_by_name` on the tiny model, over a real HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actorserve.replay.check import check
+
+from http_support import assert_error, load_tiny, serve, settle
+from test_http_control import Stall
+
+PROMPT = [5 + (i * 7) % 150 for i in range(40)]       # > two blocks of 16: a prefix-cache hit
+
+
+def _gen(max_new: int = 8, **sp):
+    return {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
+                                                     "ignore_eos": True, **sp}}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A copy of the tiny model with other weights (fixed seed) and one of another shape."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from actorserve.engine.models import resolve_model
+
+    src = resolve_model("tiny")
+    new = tmp_path_factory.mktemp("tiny_new")
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, local_files_only=True)
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * (float(p.float().std()) or 0.02))
+    model.save_pretrained(str(new))
+    AutoTokenizer.from_pretrained(str(src), local_files_only=True).save_pretrained(str(new))
+    other = tmp_path_factory.mktemp("tiny_other")
+    cfg = AutoConfig.from_pretrained(str(src), local_files_only=True)
+    cfg.intermediate_size = cfg.intermediate_size * 2
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(other))
+    return new, other
+
+
+async def _ids(http, **kw):
+    r = await http.post("/generate", json=_gen(**kw))
+    assert r.status == 200, await r.text()
+    body = await r.json()
+    return body["output_ids"], body["meta_info"]
+
+
+async def test_update_from_disk_serves_the_new_weights(folders):
+    new, _ = folders
+    async with serve(load_tiny()) as (http, rt):
+        before, meta = await _ids(http)
+        assert meta["weight_version"] == "default"
+        _, meta = await _ids(http)
+        assert meta["cached_tokens"] > 0                         # the prefix cache is warm
+        r = await http.post("/update_weights_from_disk", json={"model_path": str(new), "weight_version": "v2"})
+        body = await r.json()
+        assert r.status == 200, body
+        assert body["success"] is True and body["num_paused_requests"] == 0 and body["message"]
+        after, meta = await _ids(http)
+        assert after != before
+        assert meta["weight_version"] == "v2"
+        info = await (await http.get("/model_info")).json()
+        assert info["weight_version"] == "v2" and info["model_path"] == str(new)
+        assert meta["cached_tokens"] == 0                        # old KV never reused by new weights
+        from openai import AsyncOpenAI
+        async with AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="x", max_retries=0) as oai:
+            chat = await oai.chat.completions.create(model="tiny-llama", max_tokens=2,
+                                                     messages=[{"role": "user", "content": "hi"}])
+            assert chat.metadata == {"weight_version": "v2"}      # SGLang's place (a declared field)
+            comp = await oai.completions.create(model="tiny-llama", max_tokens=2, prompt="hi")
+            assert comp.model_extra["metadata"] == {"weight_version": "v2"}
+        # get_weights_by_name reads the new values
+        import torch
+        from transformers import AutoModelForCausalLM
+        ref = AutoModelForCausalLM.from_pretrained(str(new), dtype=torch.float32, local_files_only=True)
+        name = "model.layers.0.mlp.down_proj.weight"
+        r = await http.post("/get_weights_by_name", json={"name": name, "truncate_size": 2})
+        got = await r.json()
+        assert r.status == 200 and got == ref.get_parameter(name)[:2].tolist()
+        r = await http.get("/get_weights_by_name", params={"name": name, "truncate_size": "1"})
+        assert (await r.json()) == ref.get_parameter(name)[:1].tolist()
+        r = await http.post("/get_weights_by_name", json={"name": "no.such.weight"})
+        assert r.status == 400
+        assert_error(await r.json())
+        await settle(rt)
+        events = rt.recorder.events(kind="weights")
+        assert [e.event for e in events] == ["create", "update", "loaded"]
+        versions = rt.recorder.events(kind="weights_version")
+        assert [e.data["version"] for e in versions] == ["v2"]
+        assert check(rt.recorder.events()).ok
+    # a fresh server loaded from the new folder answers the same
+    from actorserve.engine.models import load_model
+    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+    model, hf_tok, _ = load_model(str(new), threads=1)
+    async with serve((model, hf_tok, TextTokenizer(hf_tok, chat_template=FALLBACK_CHAT_TEMPLATE))) as (http, rt):
+        fresh, _ = await _ids(http)
+        assert fresh == after
+
+
+async def test_a_bad_update_is_a_400_and_the_old_weights_serve(folders, tmp_path):
+    _, other = folders
+    async with serve(load_tiny()) as (http, rt):
+        before, _ = await _ids(http)
+        for path in (str(tmp_path / "missing"), str(other)):
+            r = await http.post("/update_weights_from_disk", json={"model_path": path, "weight_version": "bad"})
+            body = await r.json()
+            assert r.status == 400, body
+            assert body["success"] is False and body["num_paused_requests"] == 0
+            assert body["error"]["param"] == "model_path" and body["message"] == body["error"]["message"]
+        assert "intermediate" in body["message"] or "shape" in body["message"]
+        after, meta = await _ids(http)
+        assert after == before and meta["weight_version"] == "default"
+        r = await http.post("/update_weights_from_disk", json={"model_path": str(other), "bogus": 1})
+        assert r.status == 400
+        assert_error(await r.json())
+        await settle(rt)
+        events = [e.event for e in rt.recorder.events(kind="weights")]
+        assert events == ["create"] + ["update", "load_failed", "keep_old"] * 2
+        assert check(rt.recorder.events()).ok
+
+
+async def test_update_weight_version(folders):
+    async with serve(load_tiny()) as (http, rt):
+        r = await http.post("/update_weight_version", json={"new_version": "step-7"})
+        body = await r.json()
+        assert r.status == 200 and body["success"] is True and body["new_version"] == "step-7"
+        _, meta = await _ids(http)
+        assert meta["weight_version"] == "step-7"
+        assert (await (await http.get("/get_weight_version")).json()) == {"weight_version": "step-7"}
+        assert (await (await http.get("/model_info")).json())["weight_version"] == "step-7"
+        r = await http.post("/update_weight_version", json={"new_version": ""})
+        assert r.status == 400
+        assert_error(await r.json())
+
+
+async def test_an_update_waits_for_the_step_barrier(folders):
+    """Without abort_all_requests an update waits until no request holds KV: the running
+    request ends entirely under the old weights, then the new ones serve."""
+    new, _ = folders
+    async with serve(load_tiny()) as (http, rt):
+        ref_old, _ = await _ids(http, max_new=6)
+        stall = Stall(rt.engine)
+        stall.armed = True
+        running = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=6)))
+        await asyncio.to_thread(stall.started.wait, 30)
+        update = asyncio.ensure_future(http.post("/update_weights_from_disk", json={"model_path": str(new)}))
+        for _ in range(400):                       # the scheduler answers busy: the record waits
+            if any(r.op == "update_weights_from_disk" and r.state.name == "waiting"
+                   for r in rt.control_actor.open.values()):
+                break
+            await asyncio.sleep(0.005)
+        assert [r.state.name for r in rt.control_actor.open.values()
+                if r.op == "update_weights_from_disk"] == ["waiting"]
+        assert not update.done() and rt.control_actor.weights.state.name == "updating"
+        stall.release()
+        r = await running
+        body = await r.json()
+        assert body["output_ids"] == ref_old and body["meta_info"]["finish_reason"]["type"] == "length"
+        assert body["meta_info"]["weight_version"] == "default"
+        r = await update
+        assert r.status == 200 and (await r.json())["success"] is True
+        after, _ = await _ids(http, max_new=6)
+        assert after != ref_old
+        await settle(rt)
+        assert check(rt.recorder.events()).ok
+
+
+async def test_abort_all_requests_ends_running_ones_with_their_partial_tokens(folders):
+    new, _ = folders
+    async with serve(load_tiny()) as (http, rt):
+        stall = Stall(rt.engine)
+        running = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=200)))
+        for _ in range(400):                       # let it produce a few tokens, then stall a step
+            seq = next(iter(rt.scheduler.seqs.values()), None)
+            if seq is not None and len(seq.output_ids) >= 3:
+                stall.armed = True
+                break
+            await asyncio.sleep(0.002)
+        await asyncio.to_thread(stall.started.wait, 30)
+        update = asyncio.ensure_future(http.post("/update_weights_from_disk", json={
+            "model_path": str(new), "abort_all_requests": True, "weight_version": "v3"}))
+        for _ in range(200):
+            if rt.control_actor.weights.state.name == "updating":
+                break
+            await asyncio.sleep(0.005)
+        stall.release()
+        body = await (await running).json()
+        assert body["meta_info"]["finish_reason"]["type"] == "abort"
+        assert 3 <= len(body["output_ids"]) < 200
+        r = await update
+        assert r.status == 200 and (await r.json())["success"] is True
+        _, meta = await _ids(http)
+        assert meta["weight_version"] == "v3"
+        await settle(rt)
+        assert check(rt.recorder.events()).ok
+
+
+def _tiny(folder: str = "tiny", quantization: str | None = None):
+    from actorserve.engine.models import load_model
+    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+    model, hf_tok, _ = load_model(folder, threads=1, quantization=quantization)
+    return model, hf_tok, TextTokenizer(hf_tok, chat_template=FALLBACK_CHAT_TEMPLATE)
+
+
+async def test_quantized_copies_and_the_fused_step_are_rebuilt(folders):
+    """q4: the quantized copies, their groups and the fused decode step are derived again, so
+    decode (narrow steps through the q4 kernels) equals a fresh q4 load of the new folder."""
+    new, _ = folders
+    tiny = _tiny(quantization="q4")
+    assert tiny[0].actorserve_quant is not None
+    async with serve(tiny) as (http, rt):
+        fused = getattr(rt.engine, "fused", None)
+        before, _ = await _ids(http, max_new=12)
+        r = await http.post("/update_weights_from_disk", json={"model_path": str(new)})
+        assert r.status == 200, await r.text()
+        assert getattr(rt.engine, "fused", None) is not fused or fused is None
+        after, _ = await _ids(http, max_new=12)
+    async with serve(_tiny(str(new), quantization="q4")) as (http, rt):
+        fresh, _ = await _ids(http, max_new=12)
+    assert after == fresh and after != before
+
+
+async def test_sglangs_whole_request_body_is_accepted(folders):
+    """`UpdateWeightFromDiskReqInput` serialised whole, as a dataclass client sends it."""
+    new, _ = folders
+    async with serve(load_tiny()) as (http, rt):
+        body = {"model_path": str(new), "load_format": None, "abort_all_requests": False,
+                "weight_version": "v4", "is_async": False, "torch_empty_cache": False, "keep_pause": False,
+                "recapture_cuda_graph": False, "token_step": 3, "flush_cache": True, "manifest": None}
+        r = await http.post("/update_weights_from_disk", json=body)
+        assert r.status == 200, await r.text()
+        notes = rt.recorder.events(kind="weights_version")
+        assert [(e.data["version"], e.data["token_step"]) for e in notes] == [("v4", 3)]
+        for field in ("is_async", "keep_pause"):
+            r = await http.post("/update_weights_from_disk", json={**body, field: True})
+            assert r.status == 400
+            err = (await r.json())["error"]
+            assert err["param"] == field
+        assert [e.event for e in rt.recorder.events(kind="weights")] == ["create", "update", "loaded"]
+
+
+async def test_pause_retract_then_update_then_continue(folders):
+    """AReaL's sequence: the retracted request waits through the update (SGLang's
+    num_paused_requests), then is recomputed and finishes under the new weights; paused
+    in_place the update is refused at once (the parked requests hold the old KV)."""
+    new, _ = folders
+    async with serve(load_tiny()) as (http, rt):
+        stall = Stall(rt.engine)
+        stall.armed = True
+        running = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=30)))
+        await asyncio.to_thread(stall.started.wait, 30)
+        pause = asyncio.ensure_future(http.post("/pause_generation", json={"mode": "retract"}))
+        for _ in range(400):
+            if rt.scheduler.state.name == "pausing":
+                break
+            await asyncio.sleep(0.005)
+        stall.release()
+        r = await pause
+        assert r.status == 200 and (await r.json())["affected"] == 1
+        r = await http.post("/update_weights_from_disk", json={"model_path": str(new), "weight_version": "v5"})
+        body = await r.json()
+        assert r.status == 200 and body["success"] is True and body["num_paused_requests"] == 1, body
+        assert not running.done()
+        assert (await http.post("/continue_generation", json={})).status == 200
+        body = await (await running).json()
+        assert body["meta_info"]["finish_reason"]["type"] == "length" and len(body["output_ids"]) == 30
+        assert body["meta_info"]["weight_version"] == "v5"
+        r = await http.post("/pause_generation", json={"mode": "in_place"})
+        assert r.status == 200
+        r = await http.post("/update_weights_from_disk", json={"model_path": str(new)})
+        body = await r.json()
+        assert r.status == 400 and "in_place" in body["message"]
+        assert (await http.post("/continue_generation", json={})).status == 200
+        await settle(rt)
+        assert [e.event for e in rt.recorder.events(kind="weights")] == ["create", "update", "loaded"]
+        assert check(rt.recorder.events()).ok
+
+
+async def test_smollm2_q4_fused_decode_follows_the_weights(monkeypatch):
+    """SmolLM2 with its q4 copies and the fused decode step: swapped layers change the greedy
+    output, and swapping them back gives the first output exactly (no derived copy is stale).
+    The folder read is replaced by the model's own tensors (no 500 MB written to disk)."""
+    from actorserve.engine import refit
+    from actorserve.engine.models import load_model
+    from actorserve.engine.tokenizer import TextTokenizer
+
+    model, hf_tok, _ = load_model("default", threads=2, quantization="auto")
+    smol = (model, hf_tok, TextTokenizer(hf_tok, generation_config=model.generation_config))
+    assert model.actorserve_quant is not None
+    orig = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    swapped = dict(orig)
+    for k in orig:
+        if k.startswith("model.layers.0."):
+            other = k.replace("model.layers.0.", "model.layers.1.", 1)
+            swapped[k], swapped[other] = orig[other], orig[k]
+    monkeypatch.setattr(refit, "_read_folder", lambda path, fmt: swapped if path == "swapped" else orig)
+    body = {"text": "The capital of France is",
+            "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}}
+    async with serve(smol, name="smol") as (http, rt):
+        assert rt.engine.fused is not None           # narrow q4 decode steps run fused
+        first = (await (await http.post("/generate", json=body)).json())["output_ids"]
+        for path, expect_same in (("swapped", False), ("original", True)):
+            r = await http.post("/update_weights_from_disk", json={"model_path": path})
+            assert r.status == 200, await r.text()
+            assert rt.engine.fused is not None
+            out = (await (await http.post("/generate", json=body)).json())["output_ids"]
+            assert (out == first) is expect_same, (path, out, first)
