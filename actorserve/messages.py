@@ -113,10 +113,18 @@ class GetWeightsByName:
 
 @dataclass(frozen=True, slots=True)
 class LoadWeights:
-    """Load a folder's weights into the engine now if no request holds KV and no step runs
-    (else answered busy); on success the prefix cache is flushed."""
+    """Apply weights already read and checked off the loop (`engine.refit.read_checked`'s
+    tensors by name) if no request holds KV and no step runs (else answered busy): the prefix
+    cache is flushed and the copy runs where the model steps run."""
     model_path: str
-    load_format: str | None = None
+    tensors: Any = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsApplied:
+    """The scheduler's own: `LoadWeights`' copy finished on the step thread (`tensors` copied)."""
+    tensors: int
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +360,16 @@ class Drain:
 @dataclass(frozen=True, slots=True)
 class WhenIdle:
     """Asked of a scheduler: answered (True) the moment it has no request and no step."""
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsRead:
+    """An update's folder was read and checked on a worker thread, back at the control actor
+    for record `rid`: its tensors by name, or why they cannot serve."""
+    rid: str
+    tensors: Any = field(repr=False, compare=False)
+    error: BaseException | None = None
+    read_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from actorserve.replay.check import check
 
 from http_support import assert_error, load_tiny, serve, settle
 from test_http_control import Stall
+from waiting import until
 
 PROMPT = [5 + (i * 7) % 150 for i in range(40)]       # > two blocks of 16: a prefix-cache hit
 
@@ -124,7 +125,101 @@ async def test_a_bad_update_is_a_400_and_the_old_weights_serve(folders, tmp_path
         await settle(rt)
         events = [e.event for e in rt.recorder.events(kind="weights")]
         assert events == ["create"] + ["update", "load_failed", "keep_old"] * 2
+        assert [e.event for e in rt.recorder.events(kind="weights_read")] == ["failed"] * 2
         assert check(rt.recorder.events()).ok
+
+
+async def test_the_server_answers_while_the_folder_is_read(folders, monkeypatch):
+    """The folder is read and checked on a worker thread: while that read is held, /health and
+    a /generate (under the old weights) are answered; released, the copy runs on the step
+    thread and the new weights answer as a fresh load of the folder does."""
+    import threading
+
+    from actorserve.engine import refit
+    new, _ = folders
+    entered, gate, threads = threading.Event(), threading.Event(), {}
+    real_read, real_apply = refit._read_folder, refit.apply_checked
+
+    def held_read(path, fmt):
+        threads["read"] = threading.current_thread()
+        entered.set()
+        assert gate.wait(30)
+        return real_read(path, fmt)
+
+    def apply(engine, tensors):
+        threads["apply"] = threading.current_thread()
+        return real_apply(engine, tensors)
+
+    monkeypatch.setattr(refit, "_read_folder", held_read)
+    monkeypatch.setattr(refit, "apply_checked", apply)
+    async with serve(load_tiny()) as (http, rt):
+        before, _ = await _ids(http)
+        update = asyncio.ensure_future(http.post("/update_weights_from_disk",
+                                                 json={"model_path": str(new), "weight_version": "v6"}))
+        await until(entered.is_set)
+        r = await http.get("/health")
+        assert r.status == 200
+        during, meta = await _ids(http)
+        assert during == before and meta["weight_version"] == "default"
+        assert not update.done() and rt.control_actor.weights.state.name == "updating"
+        gate.set()
+        r = await update
+        body = await r.json()
+        assert r.status == 200 and body["success"] is True and body["weight_version"] == "v6", body
+        after, meta = await _ids(http)
+        assert after != before and meta["weight_version"] == "v6" and meta["cached_tokens"] == 0
+        assert threads["read"] is not threading.current_thread()
+        assert not threads["read"].name.startswith("actorserve-step")
+        assert threads["apply"].name.startswith("actorserve-step")      # where the steps run
+        await settle(rt)
+        assert [e.event for e in rt.recorder.events(kind="weights")] == ["create", "update", "loaded"]
+        reads = rt.recorder.events(kind="weights_read")
+        assert [e.event for e in reads] == ["read"] and reads[0].data["tensors"] > 0
+        assert check(rt.recorder.events()).ok
+    async with serve(_tiny(str(new))) as (http, rt):
+        fresh, _ = await _ids(http)
+    assert fresh == after
+
+
+async def test_steps_inline_the_copy_runs_inline(folders, monkeypatch):
+    """With the steps on the loop (``step_in_thread=False``) the copy runs in the scheduler's
+    turn, as the steps do; the read still runs on a worker thread."""
+    import threading
+
+    import torch
+
+    from actorserve.actors.runtime import Runtime
+    from actorserve.config import SchedulerConfig
+    from actorserve.engine import refit
+    from actorserve.engine.runner import build_engine
+    from actorserve.messages import GetWeightsByName, UpdateWeightsFromDisk
+    from actorserve.replay.recorder import FlightRecorder
+    from actorserve.statemachines import LIFECYCLES
+    from transformers import AutoModelForCausalLM
+
+    new, _ = folders
+    threads, real_read, real_apply = {}, refit._read_folder, refit.apply_checked
+    monkeypatch.setattr(refit, "_read_folder", lambda path, fmt: (
+        threads.setdefault("read", threading.current_thread()), real_read(path, fmt))[1])
+    monkeypatch.setattr(refit, "apply_checked", lambda engine, tensors: (
+        threads.setdefault("apply", threading.current_thread()), real_apply(engine, tensors))[1])
+    model, hf_tok, _ = load_tiny()
+    engine = build_engine(model, num_blocks=64, block_size=16, tokenizer=hf_tok, model_name="tiny")
+    rt = Runtime(engine, config=SchedulerConfig(step_in_thread=False),
+                 recorder=FlightRecorder(lifecycles=LIFECYCLES.values()))
+    await rt.start()
+    try:
+        res = await rt.control(UpdateWeightsFromDisk(str(new), weight_version="v7"))
+        assert res.ok, res.message
+        assert threads["read"] is not threading.current_thread()
+        assert threads["apply"] is threading.current_thread()           # the loop, where steps run
+        name = "model.layers.0.mlp.down_proj.weight"
+        got = await rt.control(GetWeightsByName(name, 2))
+        ref = AutoModelForCausalLM.from_pretrained(str(new), dtype=torch.float32, local_files_only=True)
+        assert got.ok and got.detail["values"] == ref.get_parameter(name)[:2].tolist()
+        assert check(rt.recorder.events()).ok
+    finally:
+        await rt.shutdown()
 
 
 async def test_update_weight_version(folders):

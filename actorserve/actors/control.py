@@ -43,7 +43,7 @@ _DELIVERING = (GenState.detok, PoolState.pool)    # result known, not yet taken 
 
 
 class ControlRecord:
-    __slots__ = ("rid", "op", "state", "result", "reply", "parts", "matched", "idle_left", "msg")
+    __slots__ = ("rid", "op", "state", "result", "reply", "parts", "matched", "idle_left", "msg", "data")
 
     def __init__(self, rid: str, op: str, reply: asyncio.Future[ControlResult] | None) -> None:
         self.rid = rid
@@ -55,6 +55,7 @@ class ControlRecord:
         self.matched: list[str] = []   # abort: rids the schedulers matched so far
         self.msg: Any = None        # abort: the request
         self.idle_left = 0          # drain: schedulers not idle yet
+        self.data: Any = None       # a weight update: the checked tensors until they are applied
 
 
 class ServerModel:

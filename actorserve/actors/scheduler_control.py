@@ -11,9 +11,12 @@ scheduler actor itself, so the diagram, the recording and the code agree:
   step boundary (`_apply_pending_pause`, after the output stage has answered), and its reply
   waits for it. A `Continue` before then cancels it (``pausing -> stepping``).
 * `Continue` goes ``paused_<mode> -> pending | idle``.
-* `LoadWeights` loads a model folder's weights into the engine in place (`engine.refit`) when
-  no step is in flight and no request holds KV (else answers busy, and the control actor waits
-  for idle as a flush does), then flushes the prefix cache: no forward mixes two weight versions
+* `LoadWeights` copies weights already read and checked off the loop (by the control actor)
+  into the engine in place (`engine.refit.apply_checked`) when no step is in flight and no
+  request holds KV (else answers busy, and the control actor waits for idle as a flush does).
+  It flushes the prefix cache first, then runs the copy where the steps run: on their worker
+  thread, queued so that the next step starts after it (its outcome comes back to the scheduler
+  as `WeightsApplied`), or inline when steps run inline. No forward mixes two weight versions
   and no KV of the old weights is reused. Requests waiting in the queue (a retract pause
   included) run later under the new weights.
 * `Flush` clears the prefix cache when no request is in flight, else answers busy; waiting for
@@ -32,7 +35,7 @@ from typing import Any
 
 from ..messages import (
     Abort, Continue, ControlResult, Flush, GetWeightsByName, LoadWeights, Pause, Paused, Resumed,
-    Retracted, WhenIdle,
+    Retracted, WeightsApplied, WhenIdle,
 )
 from ..statemachines import PAUSE_MODES, PAUSED_MODE, SCHEDULER, SchedulerState
 from .actor import Actor, handles
@@ -50,6 +53,10 @@ class SchedulerControl(Actor):
     _pending_pause: tuple[str, asyncio.Future[ControlResult]] | None
     _idle_waiters: list[asyncio.Future[bool]]
     pause_retractions = 0   # running requests retracted by pause(retract) (a counter, per instance)
+    step_in_thread: bool
+    runner: Any             # re-execution's step holder (steps then never reach the step thread)
+    engine: Any
+    _loading: tuple[LoadWeights, int, asyncio.Future[ControlResult]] | None = None  # a copy on the step thread
     # and its `_abort(Abort)`, `_tell(rid, message)`, `_cancel_window()`, `_settle()`
 
     def fire(self, event: str) -> None:
@@ -146,22 +153,47 @@ class SchedulerControl(Actor):
 
     # -- weights -------------------------------------------------------------------------------
     @handles(LoadWeights)
-    def _load_weights(self, msg: LoadWeights) -> ControlResult:
+    def _load_weights(self, msg: LoadWeights) -> Any:
         from ..engine import refit
         if self.state in (K.stepping, K.pausing) or self.running:
             return ControlResult(False, f"engine busy: {len(self.running)} requests hold KV",
                                  {"busy": len(self.running)})
-        try:
-            n = refit.load_from_disk(self.engine, msg.model_path, msg.load_format)
-        except refit.WeightsMismatch as exc:
-            return ControlResult(False, str(exc))
-        freed = self.bm.flush()
+        if self._loading is not None:
+            return ControlResult(False, "another weight load is being applied")
+        freed = self.bm.flush()       # first: a request admitted meanwhile computes its KV after the copy
+        if not self.step_in_thread or self.runner is not None:
+            try:
+                n = refit.apply_checked(self.engine, msg.tensors)
+            except Exception as exc:
+                return ControlResult(False, f"applying the weights failed: {type(exc).__name__}: {exc}")
+            return self._loaded(msg, n, freed)
+        assert self.system is not None
+        fut: asyncio.Future[ControlResult] = asyncio.get_running_loop().create_future()
+        self._loading = (msg, freed, fut)
+        self.system.pipe(self.system.call_on_step_thread(refit.apply_checked, self.engine, msg.tensors),
+                         self, off_loop=True, wrap=lambda n, err: WeightsApplied(n or 0, err))
+        return fut
+
+    @handles(WeightsApplied)
+    def _weights_applied(self, msg: WeightsApplied) -> None:
+        if self._loading is None:
+            return
+        load, freed, fut = self._loading
+        self._loading = None
+        res = (self._loaded(load, msg.tensors, freed) if msg.error is None else
+               ControlResult(False, f"applying the weights failed: {type(msg.error).__name__}: {msg.error}"))
+        if not fut.done():
+            self._reply(fut, res)
+
+    def _loaded(self, msg: LoadWeights, n: int, freed: int) -> ControlResult:
         return ControlResult(True, f"loaded {n} tensors from {msg.model_path}; prefix cache flushed",
                              {"tensors": n, "freed_blocks": freed, "waiting": len(self.seqs)})
 
     @handles(GetWeightsByName)
     def _weights_by_name(self, msg: GetWeightsByName) -> ControlResult:
         from ..engine import refit
+        if self._loading is not None:
+            return ControlResult(False, "the weights are being updated; ask again when the update is done")
         try:
             values = refit.weights_by_name(self.engine, msg.name, msg.truncate_size)
         except refit.WeightsMismatch as exc:
@@ -189,6 +221,9 @@ class SchedulerControl(Actor):
         if self._pending_pause is not None and not self._pending_pause[1].done():
             self._reply(self._pending_pause[1], ControlResult(False, why))
         self._pending_pause = None
+        if self._loading is not None and not self._loading[2].done():
+            self._reply(self._loading[2], ControlResult(False, why))
+        self._loading = None
         for fut in self._idle_waiters:
             if not fut.done():
                 self._reply(fut, False)

@@ -7,20 +7,27 @@ and the old weights go on serving; ``rename`` relabels the version). Its `versio
 response says in ``weight_version``; each change is on the recording (a ``weights_version``
 note beside the transition).
 
-An update is a control record like a flush: ``abort_all_requests`` first aborts every request
-(through the ordinary abort, so each ends ``abort`` with its partial output); then the scheduler
-is asked `LoadWeights`, which it applies only between steps with no request holding KV. While
-requests run it answers busy, and the record waits (``waiting``) for the scheduler's idle
-answer and asks again: the update is a barrier, never a forward that mixes two versions. The
-load flushes the prefix cache, so no KV of the old weights is reused.
+An update is a control record like a flush, in two phases. First the folder is read and checked
+against the served model's names and shapes (`engine.refit.read_checked`, disk I/O and CPU) on a
+worker thread, off the event loop: requests go on being served meanwhile, and its outcome comes
+back as a `WeightsRead` message (noted ``weights_read`` on the recording). A bad folder ends the
+update there, nothing touched. ``abort_all_requests`` aborts every request when the update
+starts (through the ordinary abort, so each ends ``abort`` with its partial output). Then the
+scheduler is asked `LoadWeights` with the checked tensors, which it applies only between steps
+with no request holding KV, on the thread the steps run on. While requests run it answers busy,
+and the record waits (``waiting``) for the scheduler's idle answer and asks again: the update is
+a barrier, never a forward that mixes two versions. The load flushes the prefix cache, so no KV
+of the old weights is reused.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..messages import (
     AbortRequest, ControlResult, GetWeightsByName, LoadWeights, UpdateWeightVersion, UpdateWeightsFromDisk,
+    WeightsRead,
 )
 from ..statemachines import WEIGHTS, IllegalTransition, ServerState, WeightsState
 from .actor import Actor, handles
@@ -44,6 +51,7 @@ class WeightsControl(Actor):
     weights: WeightsModel
     scheduler: Actor
     server: Any
+    open: dict[str, Any]
     # and its `_new`, `_end`, `_wait`, `_ask`, `_ask_idle`, `_abort`, `_rec`
 
     def _weights_fire(self, event: str) -> None:
@@ -71,8 +79,42 @@ class WeightsControl(Actor):
         rec.msg = msg
         if msg.abort_all:
             self._abort(AbortRequest(abort_all=True))      # its own record; reaches the scheduler first
-        self._ask(rec, self.scheduler, LoadWeights(msg.model_path, msg.load_format))
+        self._read_off_loop(rec, msg)
         return rec.reply
+
+    def _read_off_loop(self, rec: Any, msg: UpdateWeightsFromDisk) -> None:
+        """Phase one: read and check the folder on a worker thread (not the step thread: steps
+        go on meanwhile); the outcome comes back as `WeightsRead` for this record."""
+        from ..engine import refit
+        assert self.system is not None
+        engine, rid = self.scheduler.engine, rec.rid
+
+        def read() -> tuple[Any, float]:
+            t0 = time.perf_counter()
+            tensors = refit.read_checked(engine, msg.model_path, msg.load_format)
+            return tensors, time.perf_counter() - t0
+
+        fut = self.system.loop.run_in_executor(None, read)
+        self.system.pipe(fut, self, off_loop=True, wrap=lambda res, err: (
+            WeightsRead(rid, None, err) if err is not None else WeightsRead(rid, res[0], None, res[1])))
+
+    @handles(WeightsRead)
+    def _weights_read(self, msg: WeightsRead) -> None:
+        rec = self.open.get(msg.rid)
+        if rec is None:
+            return
+        ok = msg.error is None
+        if self._rec is not None:
+            self._rec.note("weights_read", "read" if ok else "failed", rid=rec.rid,
+                           data={"tensors": len(msg.tensors), "read_ms": round(msg.read_s * 1e3, 3)} if ok
+                           else {"error": f"{type(msg.error).__name__}: {msg.error}"})
+        if not ok:
+            from ..engine.refit import WeightsMismatch
+            error = msg.error
+            detail = str(error) if isinstance(error, WeightsMismatch) else f"{type(error).__name__}: {error}"
+            return self._weights_done(rec, ControlResult(False, detail), None)
+        rec.data = msg.tensors
+        self._ask(rec, self.scheduler, LoadWeights(rec.msg.model_path, rec.data))
 
     def _weights_done(self, rec: Any, res: ControlResult | None, error: BaseException | None) -> None:
         """The scheduler's answer to `LoadWeights` (or its failure)."""
@@ -84,6 +126,7 @@ class WeightsControl(Actor):
             self._ask_idle(rec, self.scheduler)
             return
         msg: UpdateWeightsFromDisk = rec.msg
+        rec.data = None                                  # the tensors are copied (or not wanted)
         if res.ok:
             self._weights_fire("loaded")
             self.weights.updates += 1
@@ -99,7 +142,7 @@ class WeightsControl(Actor):
 
     def _weights_idle(self, rec: Any) -> None:
         """The scheduler is idle: ask for the load again."""
-        self._ask(rec, self.scheduler, LoadWeights(rec.msg.model_path, rec.msg.load_format))
+        self._ask(rec, self.scheduler, LoadWeights(rec.msg.model_path, rec.data))
 
     @handles(UpdateWeightVersion)
     def _update_version(self, msg: UpdateWeightVersion) -> Any:

@@ -10,8 +10,10 @@ What is derived from the module weights, and rebuilt here after the copy:
   copies (its norm pointers stay valid: the copy keeps every parameter's storage).
 
 The new folder must hold the same parameters with the same shapes (the same architecture);
-anything else is a `WeightsMismatch` and nothing is changed. Called by the scheduler between
-two steps (no step in flight), so no forward mixes two versions.
+anything else is a `WeightsMismatch` and nothing is changed. An update is two phases: `read_checked`
+(reading the folder and checking it, the slow part: off the event loop, on a worker thread, while
+requests are served) and `apply_checked` (the copy and the rebuild: at the scheduler's barrier, on
+the thread the model steps run on, so no forward mixes two versions).
 """
 
 from __future__ import annotations
@@ -59,42 +61,60 @@ def _read_folder(path: str, load_format: str | None) -> dict[str, Any]:
     return dict(new.state_dict())
 
 
-def load_from_disk(engine: Any, path: str, load_format: str | None = None) -> int:
-    """Copy the folder's weights into `engine`'s model in place and rebuild the derived copies;
-    returns how many tensors were copied. Raises `WeightsMismatch` with nothing changed.
+def read_checked(engine: Any, path: str, load_format: str | None = None) -> dict[str, Any]:
+    """Phase one of an update, on any thread: the folder's tensors by name, checked against the
+    served model's names and shapes. Pure I/O and CPU that touches nothing served (it reads the
+    served parameters' names and shapes only), so it runs off the event loop while requests go
+    on being served. Raises `WeightsMismatch`."""
+    model = _model_of(engine)
+    new = _read_folder(path, load_format)
+    old = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing = sorted(set(old) - set(new))
+    extra = sorted(set(new) - set(old))
+    if missing or extra:
+        raise WeightsMismatch(f"{path} holds other parameters than the served model "
+                              f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    for name, shape in old.items():
+        if tuple(new[name].shape) != shape:
+            raise WeightsMismatch(f"{path}: {name} has shape {list(new[name].shape)}, "
+                                  f"the served model's is {list(shape)}")
+    return new
+
+
+def apply_checked(engine: Any, new: dict[str, Any]) -> int:
+    """Phase two, where the model steps run and between two of them: copy `read_checked`'s
+    tensors into `engine`'s model in place and rebuild the derived copies; returns how many
+    tensors were copied.
 
     The derived copies are made as a fresh load makes them (`models.load_model`): a quantized
     model is quantized from the float32 weights, then cast back to its dtype, then packed."""
     import torch
 
     model = _model_of(engine)
-    new = _read_folder(path, load_format)
-    old = model.state_dict()
-    missing = sorted(set(old) - set(new))
-    extra = sorted(set(new) - set(old))
-    if missing or extra:
-        raise WeightsMismatch(f"{path} holds other parameters than the served model "
-                              f"(missing {missing[:3]}, unexpected {extra[:3]})")
-    for name, t in old.items():
-        if tuple(new[name].shape) != tuple(t.shape):
-            raise WeightsMismatch(f"{path}: {name} has shape {list(new[name].shape)}, "
-                                  f"the served model's is {list(t.shape)}")
     report = getattr(model, "actorserve_quant", None)
     dtype = model.get_input_embeddings().weight.dtype
     _strip_derived(model)
     recast = report is not None and dtype != torch.float32
     if recast:                                 # quantize from float32, as a fresh load does
         model.float()
+    n = 0
     with torch.no_grad():
         for name, t in model.state_dict().items():
             t.copy_(new[name].to(t.dtype))
+            n += 1
     if report is not None:
         from .quant import quantize_model
         model.actorserve_quant = quantize_model(model, report.asked or report.mode)
     if recast:
         model.to(dtype)
     _rederive(engine, model)
-    return len(old)
+    return n
+
+
+def load_from_disk(engine: Any, path: str, load_format: str | None = None) -> int:
+    """Both phases at once (`read_checked` then `apply_checked`): raises `WeightsMismatch` with
+    nothing changed, else returns how many tensors were copied."""
+    return apply_checked(engine, read_checked(engine, path, load_format))
 
 
 def _strip_derived(model: Any) -> None:
