@@ -181,6 +181,42 @@ async def test_the_server_answers_while_the_folder_is_read(folders, monkeypatch)
     assert fresh == after
 
 
+async def test_the_server_answers_during_the_copy_and_no_step_overlaps_it(folders, monkeypatch):
+    """The copy (held here) runs on the step thread: /health is answered meanwhile, and a
+    request that arrives during the copy waits for it and runs entirely under the new weights
+    (no KV of the old ones: the cache was flushed before the copy)."""
+    import threading
+
+    from actorserve.engine import refit
+    new, _ = folders
+    entered, gate, real_apply = threading.Event(), threading.Event(), refit.apply_checked
+
+    def held_apply(engine, tensors):
+        entered.set()
+        assert gate.wait(30)
+        return real_apply(engine, tensors)
+
+    monkeypatch.setattr(refit, "apply_checked", held_apply)
+    async with serve(load_tiny()) as (http, rt):
+        await _ids(http)                                         # the prefix cache is warm
+        update = asyncio.ensure_future(http.post("/update_weights_from_disk",
+                                                 json={"model_path": str(new), "weight_version": "v8"}))
+        await until(entered.is_set)
+        assert (await http.get("/health")).status == 200
+        during = asyncio.ensure_future(_ids(http))
+        await until(lambda: rt.scheduler.seqs)                   # admitted, its step queued behind the copy
+        assert not during.done() and not update.done()
+        gate.set()
+        r = await update
+        assert r.status == 200, await r.text()
+        out, meta = await during
+        assert meta["cached_tokens"] == 0
+        after, meta2 = await _ids(http)
+        assert out == after and meta2["weight_version"] == "v8"
+        await settle(rt)
+        assert check(rt.recorder.events()).ok
+
+
 async def test_steps_inline_the_copy_runs_inline(folders, monkeypatch):
     """With the steps on the loop (``step_in_thread=False``) the copy runs in the scheduler's
     turn, as the steps do; the read still runs on a worker thread."""
