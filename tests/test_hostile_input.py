@@ -74,8 +74,10 @@ ROUTES: dict[str, dict[str, Any]] = {
 }
 OPTIONAL_BODY = {"/pause_generation", "/continue_generation", "/flush_cache", "/open_session", "/start_profile"}
 # a probe, a liveness check, a stop, a cancel: the body is never read (-> what they answer here)
+# (vLLM's /pause, /resume and /reset_prefix_cache take query parameters only: paused, then resumed)
 IGNORES_BODY = {"/health_generate": 200, "/ping": 200, "/stop_profile": 400,
-                "/v1/responses/{response_id}/cancel": 404}
+                "/v1/responses/{response_id}/cancel": 404,
+                "/pause": 200, "/resume": 200, "/reset_prefix_cache": 200}
 
 MULTIPART = (b'--xyz\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi\r\n--xyz--\r\n',
              "multipart/form-data; boundary=xyz")

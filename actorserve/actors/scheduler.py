@@ -215,10 +215,12 @@ class SchedulerActor(SchedulerControl):
         if self.state is K.pending and not self._hold_for_batch():
             self._start_step()
 
-    def _start_step(self) -> None:
+    def _start_step(self, drain: bool = False) -> bool:
+        """Plan and start a step; `drain` (a wait pause): of the running requests only, none
+        admitted, and an empty plan starts nothing. Returns whether a step started."""
         info = self.engine.info
         self.policy.max_len = min(info.max_model_len, info.num_blocks * info.block_size)
-        plan = self.policy.plan(self.running, [self.probe_lane, self.lane], self.bm)
+        plan = self.policy.plan(self.running, [] if drain else [self.probe_lane, self.lane], self.bm)
         rec = self.system.recorder if self.system is not None else None
         for seq, cause in zip(plan.retracted, plan.causes):
             if rec is not None:           # why: the cause, and the priority it had
@@ -230,11 +232,13 @@ class SchedulerActor(SchedulerControl):
             seq.admitted = True
             self._tell(seq.rid, Scheduled(seq.rid, cached))
         if not plan.batch:
-            self._fail_unfittable()
-            return
+            if not drain:
+                self._fail_unfittable()
+            return False
         self.inflight = {seq.rid: seq for seq, _ in plan.batch}
-        self.fire("step")
+        self.fire("drain_step" if drain else "step")
         self._run(plan.batch)
+        return True
 
     def _run(self, batch: list[Any]) -> None:
         """Hand `batch` to the model (a planned step, or an isolation's re-run)."""

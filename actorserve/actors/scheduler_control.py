@@ -10,6 +10,11 @@ scheduler actor itself, so the diagram, the recording and the code agree:
 * A pause that arrives while a step runs goes ``stepping -> pausing``: it takes effect at the
   step boundary (`_apply_pending_pause`, after the output stage has answered), and its reply
   waits for it. A `Continue` before then cancels it (``pausing -> stepping``).
+* `Pause("wait")` (vLLM's ``/pause?mode=wait``) drains first: no request is admitted from the
+  queue any more, the running ones go on stepping, each drain step ``pending -> pausing``
+  (``drain_step``) so that the pause stays pending across steps, and when none is left running the
+  pause applies as ``retract`` (nothing is left to retract: the queued requests stay queued and run
+  on continue). Its reply waits for that.
 * `Continue` goes ``paused_<mode> -> pending | idle``.
 * `LoadWeights` copies weights already read and checked off the loop (by the control actor)
   into the engine in place (`engine.refit.apply_checked`) when no step is in flight and no
@@ -19,7 +24,8 @@ scheduler actor itself, so the diagram, the recording and the code agree:
   as `WeightsApplied`), or inline when steps run inline. No forward mixes two weight versions
   and no KV of the old weights is reused. Requests waiting in the queue (a retract pause
   included) run later under the new weights.
-* `Flush` clears the prefix cache when no request is in flight, else answers busy; waiting for
+* `Flush` clears the prefix cache when no request holds KV and no step is in flight (requests
+  that only wait in the queue hold none), else answers busy; waiting for
   idle is the control record's `waiting` state, not the scheduler's: the control actor asks
   `WhenIdle` and flushes again when the answer comes. `WhenIdle` is answered the moment the
   scheduler has no request and no step (a waiting flush, a drain).
@@ -75,8 +81,8 @@ class SchedulerControl(Actor):
     # -- pause / continue ----------------------------------------------------------------------
     @handles(Pause)
     def _pause(self, msg: Pause) -> Any:
-        if msg.mode not in PAUSE_MODES:
-            return ControlResult(False, f"unknown pause mode {msg.mode!r}; use one of {PAUSE_MODES}")
+        if msg.mode not in PAUSE_MODES and msg.mode != "wait":
+            return ControlResult(False, f"unknown pause mode {msg.mode!r}; use one of {PAUSE_MODES + ('wait',)}")
         if self.paused_mode is not None:
             return ControlResult(False, f"already paused ({self.paused_mode}); continue first")
         if self.state is K.pausing:
@@ -86,9 +92,32 @@ class SchedulerControl(Actor):
             self._pending_pause = (msg.mode, fut)
             self.fire("defer_pause")
             return fut
+        if msg.mode == "wait" and self.running:   # between steps: drain from here
+            if self.state is K.windowing:
+                self._cancel_window()
+                self.fire("window_closed")
+            fut = asyncio.get_running_loop().create_future()
+            self._pending_pause = (msg.mode, fut)
+            self._drain_or_pause()
+            return fut
         return self._apply_pause(msg.mode)
 
+    def _drain_or_pause(self) -> None:
+        """A wait pause at a step boundary (``pending``): step the running requests again,
+        admitting none, or, with none left running, apply the pause."""
+        assert self._pending_pause is not None
+        if self.running and self._start_step(drain=True):
+            return
+        mode, fut = self._pending_pause
+        self._pending_pause = None
+        res = self._apply_pause(mode)
+        if not fut.done():
+            self._reply(fut, res)
+
     def _apply_pause(self, mode: str) -> ControlResult:
+        asked = mode
+        if mode == "wait":                 # drained: nothing runs; the queue waits for continue
+            mode = "retract"
         if self.state is K.windowing:      # the window ends: nothing will be stepped now
             self._cancel_window()
             self.fire("window_closed")
@@ -107,7 +136,10 @@ class SchedulerControl(Actor):
             for seq in self.running:
                 if seq.pooling is None:
                     self._tell(seq.rid, Paused(seq.rid))
-        return ControlResult(True, f"paused ({mode})", {"mode": mode, "affected": n})
+        detail = {"mode": mode, "affected": n}
+        if asked != mode:
+            detail["asked"] = asked
+        return ControlResult(True, f"paused ({asked})", detail)
 
     @handles(Continue)
     def _continue(self, msg: Continue) -> ControlResult:
@@ -134,6 +166,9 @@ class SchedulerControl(Actor):
     def _apply_pending_pause(self) -> None:
         """The step is over (its outputs decided): a pause that waited for it applies now."""
         if self._pending_pause is not None:
+            if self._pending_pause[0] == "wait":
+                self._drain_or_pause()
+                return
             mode, fut = self._pending_pause
             self._pending_pause = None
             res = self._apply_pause(mode)
@@ -145,10 +180,10 @@ class SchedulerControl(Actor):
     def _flush(self, msg: Flush) -> ControlResult:
         if self.state is K.paused_in_place:
             return ControlResult(False, "cannot flush while paused in_place: the KV is kept")
-        if not self.idle:
-            return ControlResult(False, f"engine busy: {len(self.seqs)} requests in flight",
-                                 {"busy": len(self.seqs)})
-        n = self.bm.flush()
+        if self.running or self.state in (K.stepping, K.pausing):
+            return ControlResult(False, f"engine busy: {len(self.running)} requests hold KV",
+                                 {"busy": len(self.running)})
+        n = self.bm.flush()          # queued requests hold no KV: they match prefixes when admitted
         return ControlResult(True, "prefix cache flushed", {"freed_blocks": n})
 
     # -- weights -------------------------------------------------------------------------------

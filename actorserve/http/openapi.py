@@ -30,7 +30,7 @@ from .. import __version__
 from ..statemachines import LIFECYCLES
 from . import (
     cohere_routes, control_routes, debug_routes, health_routes, native_routes, openai_routes, responses_routes,
-    pooling_routes, profile_routes, weights_routes,
+    pooling_routes, profile_routes, vllm_control_routes, weights_routes,
 )
 from .cohere_schemas import CohereEmbedRequest, CohereRerankRequest
 from .responses_schemas import InputItemsQuery, ResponsePath, ResponsesRequest, RetrieveQuery
@@ -97,6 +97,18 @@ class DiagramQuery(BaseModel):
     rid: str | None = Field(None, description="highlight this request's path")
 
 
+class VllmPauseQuery(BaseModel):
+    mode: Literal["abort", "wait", "keep"] = Field("abort", description="abort: end what runs; keep: park it "
+                                                   "(in_place); wait: let it finish, admit nothing, then pause")
+    wait_for_inflight_requests: bool = Field(False, description="vLLM's deprecated spelling of mode=wait")
+    clear_cache: bool = Field(True, description="flush the prefix cache once paused (not with keep)")
+
+
+class ResetPrefixCacheQuery(BaseModel):
+    reset_running_requests: Literal[False] = Field(False, description="only false: pause with mode=abort first")
+    reset_external: Literal[False] = Field(False, description="only false: there is no external cache")
+
+
 class EventsQuery(BaseModel):
     rid: str | None = Field(None, description="only this request's events")
     kind: str | None = Field(None, description="only this lifecycle's events")
@@ -145,6 +157,10 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     control_routes.open_session: Op("Open a session; answers its id", OpenSessionBody,
                                     body_required=False),
     control_routes.close_session: Op("Close a session", CloseSessionBody),
+    vllm_control_routes.pause: Op("Pause generation (vLLM): abort, keep or wait (drain)", query=VllmPauseQuery),
+    vllm_control_routes.resume: Op("Resume generation (vLLM)"),
+    vllm_control_routes.reset_prefix_cache: Op("Flush the prefix cache (vLLM): an empty 200",
+                                               query=ResetPrefixCacheQuery),
     weights_routes.update_weights_from_disk: Op("Load new weights from a model folder in place (SGLang)",
                                                 UpdateFromDiskBody),
     weights_routes.update_weight_version: Op("Relabel the served weights' version (SGLang)", UpdateVersionBody),

@@ -239,6 +239,7 @@ SCHEDULER = Lifecycle(
         Edge("isolate", (K.pausing,), K.pausing),
         Edge("defer_pause", (K.stepping,), K.pausing),
         Edge("cancel_pause", (K.pausing,), K.stepping),
+        Edge("drain_step", (K.pending,), K.pausing),     # pause(wait): a step of running requests only
         Edge("pause_abort", _K_OPEN, K.paused_abort),
         Edge("pause_retract", _K_OPEN, K.paused_retract),
         Edge("pause_in_place", _K_OPEN, K.paused_in_place),
@@ -246,7 +247,8 @@ SCHEDULER = Lifecycle(
         Edge("stop", tuple(s for s in K if s is not K.stopped), K.stopped),
     ),
     doc="A scheduler actor: stepping spans a model step and its output stage; a pause that "
-        "arrives mid-step waits in pausing for the step boundary; pending with no request "
+        "arrives mid-step waits in pausing for the step boundary (a wait pause steps the running "
+        "requests there, admitting none, until none is left); pending with no request "
         "left is idle.",
 )
 
