@@ -69,6 +69,8 @@ ROUTES: dict[str, dict[str, Any]] = {
     "/close_session": {"session_id": "nobody"},
     "/start_profile": {"num_steps": 1},
     "/update_weights_from_disk": {"model_path": "tiny"},        # the served weights again
+    "/update_weights_from_tensor": {"load_format": "safetensors",      # the served norm again (set below)
+                                    "serialized_named_tensors": []},
     "/update_weight_version": {"new_version": "v1"},
     "/get_weights_by_name": {"name": "model.norm.weight", "truncate_size": 1},
 }
@@ -175,6 +177,13 @@ async def test_the_tables_cover_every_post_route(server):
             continue                          # it would pause the server / profile (checked elsewhere)
         if route == "/close_session":
             body = {"session_id": await (await http.post("/open_session", json={})).json()}
+        if route == "/update_weights_from_tensor":
+            import base64
+
+            from safetensors.torch import save
+            norm = rt.engine.model.get_parameter("model.norm.weight").detach().clone()
+            body = {**body, "serialized_named_tensors": [
+                base64.b64encode(save({"model.norm.weight": norm})).decode()]}
         r = await http.post(route, json=body)
         assert r.status == 200, (route, await r.text())
     await _still_serving(http, rt, baseline)

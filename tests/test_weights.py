@@ -445,3 +445,119 @@ async def test_smollm2_q4_fused_decode_follows_the_weights(monkeypatch):
             assert rt.engine.fused is not None
             out = (await (await http.post("/generate", json=body)).json())["output_ids"]
             assert (out == first) is expect_same, (path, out, first)
+
+
+def _safetensors_b64(tensors) -> str:
+    import base64
+
+    from safetensors.torch import save
+    return base64.b64encode(save({k: v.contiguous() for k, v in tensors.items()})).decode()
+
+
+def _subset(folder):
+    """Layer 0's and the final norm's tensors of `folder`'s model: a partial update."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    ref = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
+    return {k: v.detach().clone() for k, v in ref.state_dict().items()
+            if k.startswith("model.layers.0.") or k == "model.norm.weight"}
+
+
+async def test_update_from_tensor_a_subset_serves_as_a_fresh_server_with_those_weights(folders, tmp_path):
+    new, _ = folders
+    subset = _subset(new)
+    half = len(subset) // 2
+    names = sorted(subset)
+    blobs = [_safetensors_b64({k: subset[k] for k in names[:half]}),      # two blobs, as buckets
+             _safetensors_b64({k: subset[k] for k in names[half:]})]
+    async with serve(load_tiny()) as (http, rt):
+        before, meta = await _ids(http)
+        _, meta = await _ids(http)
+        assert meta["cached_tokens"] > 0
+        r = await http.post("/update_weights_from_tensor", json={
+            "serialized_named_tensors": blobs, "load_format": "safetensors", "flush_cache": False,
+            "abort_all_requests": False, "weight_version": "t1"})
+        body = await r.json()
+        assert r.status == 200, body
+        assert body["success"] is True and body["weight_version"] == "t1"
+        assert f"loaded {len(subset)} tensors" in body["message"]
+        after, meta = await _ids(http)
+        assert after != before and meta["weight_version"] == "t1" and meta["cached_tokens"] == 0
+        name = "model.layers.0.mlp.down_proj.weight"
+        got = await (await http.post("/get_weights_by_name", json={"name": name, "truncate_size": 1})).json()
+        assert got == subset[name][:1].tolist()
+        untouched = "model.layers.1.mlp.down_proj.weight"
+        got = await (await http.post("/get_weights_by_name", json={"name": untouched, "truncate_size": 1})).json()
+        assert got == load_tiny()[0].get_parameter(untouched)[:1].tolist()
+        await settle(rt)
+        assert [e.event for e in rt.recorder.events(kind="weights")] == ["create", "update", "loaded"]
+        control = [e for e in rt.recorder.events() if e.event == "control"
+                   and e.data.get("op") == "UpdateWeightsFromTensor"]
+        assert control and "blobs" not in control[0].data["args"]      # sizes recorded, not the bytes
+        assert check(rt.recorder.events()).ok
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from actorserve.engine.models import load_model, resolve_model
+    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+    src = resolve_model("tiny")                       # a folder: tiny with those weights
+    ref = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, local_files_only=True)
+    with torch.no_grad():
+        for k, v in subset.items():
+            ref.get_parameter(k).copy_(v)
+    ref.save_pretrained(str(tmp_path))
+    AutoTokenizer.from_pretrained(str(src), local_files_only=True).save_pretrained(str(tmp_path))
+    model, hf_tok, _ = load_model(str(tmp_path), threads=1)      # a fresh server loaded from it
+    async with serve((model, hf_tok, TextTokenizer(hf_tok, chat_template=FALLBACK_CHAT_TEMPLATE))) as (http, rt):
+        fresh, _ = await _ids(http)
+        assert fresh == after
+
+
+async def test_update_from_tensor_refuses_pickles_and_bad_tensors_and_changes_nothing(folders):
+    import base64
+    import pickle
+
+    import torch
+    new, _ = folders
+    subset = _subset(new)
+    pickled = base64.b64encode(pickle.dumps({"model.norm.weight": [1.0]})).decode()
+    norm = subset["model.norm.weight"]
+    cases = [
+        ({"serialized_named_tensors": [pickled]}, "load_format"),                       # SGLang's default form
+        ({"serialized_named_tensors": [pickled], "load_format": "flattened_bucket"}, "load_format"),
+        ({"serialized_named_tensors": [pickled], "load_format": "safetensors"}, "serialized_named_tensors.0"),
+        ({"serialized_named_tensors": ["%%%"], "load_format": "safetensors"}, "serialized_named_tensors.0"),
+        ({"serialized_named_tensors": [base64.b64encode(b"\x05\0\0\0\0\0\0\0{}").decode()],
+          "load_format": "safetensors"}, "serialized_named_tensors.0"),
+        ({"serialized_named_tensors": [_safetensors_b64({"no.such.weight": norm})],
+          "load_format": "safetensors"}, "serialized_named_tensors"),
+        ({"serialized_named_tensors": [_safetensors_b64({"model.norm.weight": norm[:-1]})],
+          "load_format": "safetensors"}, "serialized_named_tensors"),
+        ({"serialized_named_tensors": [_safetensors_b64({"model.norm.weight": norm}),
+                                       _safetensors_b64({"model.norm.weight": norm})],
+          "load_format": "safetensors"}, "serialized_named_tensors"),
+        ({"serialized_named_tensors": [_safetensors_b64({"model.norm.weight": norm.to(torch.int32)})],
+          "load_format": "safetensors"}, "serialized_named_tensors"),
+        ({"serialized_named_tensors": [_safetensors_b64({})], "load_format": "safetensors"},
+         "serialized_named_tensors"),
+        ({"serialized_named_tensors": [], "load_format": "safetensors"}, "serialized_named_tensors"),
+    ]
+    async with serve(load_tiny()) as (http, rt):
+        before, _ = await _ids(http)
+        for body, param in cases:
+            r = await http.post("/update_weights_from_tensor", json=body)
+            got = await r.json()
+            assert r.status == 400, (body, got)
+            assert_error(got)
+            assert got["error"]["param"] == param, (param, got)
+            if "success" in got:
+                assert got["success"] is False and got["message"] == got["error"]["message"]
+        assert "arbitrary code" in (await (await http.post("/update_weights_from_tensor", json=cases[0][0])).json()
+                                    )["error"]["message"]
+        after, meta = await _ids(http)
+        assert after == before and meta["weight_version"] == "default"
+        norm_now = await (await http.post("/get_weights_by_name", json={"name": "model.norm.weight"})).json()
+        assert norm_now == load_tiny()[0].get_parameter("model.norm.weight").tolist()
+        await settle(rt)
+        assert check(rt.recorder.events()).ok

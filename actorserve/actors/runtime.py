@@ -370,7 +370,8 @@ class Runtime:
         """Hand a control request to the control actor; await the result."""
         if isinstance(message, OpenSession) and not message.session_id:
             message = dataclasses.replace(message, session_id=uuid.uuid4().hex)   # recorded below
-        self._input("control", op=type(message).__name__, args=fields_of(message))
+        recorded = getattr(message, "recorded", None)      # a message too big to record whole
+        self._input("control", op=type(message).__name__, args=recorded() if recorded else fields_of(message))
         return self.control_actor.ask(message)
 
     def drain(self, reason: str = "drain") -> "asyncio.Future[ControlResult]":

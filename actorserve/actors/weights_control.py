@@ -1,5 +1,5 @@
-"""The served weights as a lifecycle: `/update_weights_from_disk`, `/update_weight_version` and
-`/get_weights_by_name`, the control actor's part (`WeightsControl`, a base of `ControlActor`).
+"""The served weights as a lifecycle: `/update_weights_from_disk`, `/update_weights_from_tensor`,
+`/update_weight_version` and `/get_weights_by_name`, the control actor's part (`WeightsControl`, a base of `ControlActor`).
 
 The weights are a `WeightsModel` walking the WEIGHTS lifecycle
 (``serving -> updating -> serving``, or ``updating -> failed -> serving`` when the load fails
@@ -7,7 +7,8 @@ and the old weights go on serving; ``rename`` relabels the version). Its `versio
 response says in ``weight_version``; each change is on the recording (a ``weights_version``
 note beside the transition).
 
-An update is a control record like a flush, in two phases. First the folder is read and checked
+An update is a control record like a flush, in two phases. First the folder (or the sent
+safetensors blobs, `engine.refit_tensors`: any subset of the parameters) is read and checked
 against the served model's names and shapes (`engine.refit.read_checked`, disk I/O and CPU) on a
 worker thread, off the event loop: requests go on being served meanwhile, and its outcome comes
 back as a `WeightsRead` message (noted ``weights_read`` on the recording). A bad folder ends the
@@ -27,12 +28,12 @@ from typing import Any
 
 from ..messages import (
     AbortRequest, ControlResult, GetWeightsByName, LoadWeights, UpdateWeightVersion, UpdateWeightsFromDisk,
-    WeightsRead,
+    UpdateWeightsFromTensor, WeightsRead,
 )
 from ..statemachines import WEIGHTS, IllegalTransition, ServerState, WeightsState
 from .actor import Actor, handles
 
-WEIGHT_OPS = ("update_weights_from_disk",)
+WEIGHT_OPS = ("update_weights_from_disk", "update_weights_from_tensor")
 
 
 class WeightsModel:
@@ -62,9 +63,12 @@ class WeightsControl(Actor):
         if self._rec is not None:
             self._rec.note("weights_version", "version", rid="weights", data={"version": version, **data})
 
-    @handles(UpdateWeightsFromDisk)
-    def _update_from_disk(self, msg: UpdateWeightsFromDisk) -> Any:
-        rec = self._new("update_weights_from_disk")
+    @handles(UpdateWeightsFromDisk, UpdateWeightsFromTensor)
+    def _update(self, msg: UpdateWeightsFromDisk | UpdateWeightsFromTensor) -> Any:
+        """A folder (`/update_weights_from_disk`) or named tensors (`/update_weights_from_tensor`,
+        a subset allowed): the same two phases, only the read differs."""
+        rec = self._new("update_weights_from_disk" if isinstance(msg, UpdateWeightsFromDisk)
+                        else "update_weights_from_tensor")
         if self.weights.state is not WeightsState.serving:
             return self._end(rec, ControlResult(False, f"cannot update the weights while they are "
                                                        f"{self.weights.state.name}"))
@@ -82,16 +86,19 @@ class WeightsControl(Actor):
         self._read_off_loop(rec, msg)
         return rec.reply
 
-    def _read_off_loop(self, rec: Any, msg: UpdateWeightsFromDisk) -> None:
-        """Phase one: read and check the folder on a worker thread (not the step thread: steps
-        go on meanwhile); the outcome comes back as `WeightsRead` for this record."""
-        from ..engine import refit
+    def _read_off_loop(self, rec: Any, msg: UpdateWeightsFromDisk | UpdateWeightsFromTensor) -> None:
+        """Phase one: read and check the folder (or the sent tensors) on a worker thread (not
+        the step thread: steps go on meanwhile); the outcome comes back as `WeightsRead`."""
+        from ..engine import refit, refit_tensors
         assert self.system is not None
         engine, rid = self.scheduler.engine, rec.rid
 
         def read() -> tuple[Any, float]:
             t0 = time.perf_counter()
-            tensors = refit.read_checked(engine, msg.model_path, msg.load_format)
+            if isinstance(msg, UpdateWeightsFromTensor):
+                tensors = refit_tensors.read_tensors_checked(engine, msg.blobs)
+            else:
+                tensors = refit.read_checked(engine, msg.model_path, msg.load_format)
             return tensors, time.perf_counter() - t0
 
         fut = self.system.loop.run_in_executor(None, read)
@@ -119,13 +126,13 @@ class WeightsControl(Actor):
     def _weights_done(self, rec: Any, res: ControlResult | None, error: BaseException | None) -> None:
         """The scheduler's answer to `LoadWeights` (or its failure)."""
         if error is not None:
-            res = ControlResult(False, f"update_weights_from_disk failed: {type(error).__name__}: {error}")
+            res = ControlResult(False, f"{rec.op} failed: {type(error).__name__}: {error}")
         assert res is not None
         if not res.ok and "busy" in res.detail:          # requests hold KV: wait for the barrier
             self._wait(rec)
             self._ask_idle(rec, self.scheduler)
             return
-        msg: UpdateWeightsFromDisk = rec.msg
+        msg: UpdateWeightsFromDisk | UpdateWeightsFromTensor = rec.msg
         rec.data = None                                  # the tensors are copied (or not wanted)
         if res.ok:
             self._weights_fire("loaded")

@@ -83,7 +83,7 @@ def read_checked(engine: Any, path: str, load_format: str | None = None) -> dict
 
 def apply_checked(engine: Any, new: dict[str, Any]) -> int:
     """Phase two, where the model steps run and between two of them: copy `read_checked`'s
-    tensors into `engine`'s model in place and rebuild the derived copies; returns how many
+    tensors (or `refit_tensors.read_tensors_checked`'s subset) into `engine`'s model in place and rebuild the derived copies; returns how many
     tensors were copied.
 
     The derived copies are made as a fresh load makes them (`models.load_model`): a quantized
@@ -100,8 +100,9 @@ def apply_checked(engine: Any, new: dict[str, Any]) -> int:
     n = 0
     with torch.no_grad():
         for name, t in model.state_dict().items():
-            t.copy_(new[name].to(t.dtype))
-            n += 1
+            if name in new:                    # a partial update (tensors) copies its names only
+                t.copy_(new[name].to(t.dtype))
+                n += 1
     if report is not None:
         from .quant import quantize_model
         model.actorserve_quant = quantize_model(model, report.asked or report.mode)

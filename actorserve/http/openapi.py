@@ -42,7 +42,7 @@ from .schemas import ChatCompletionRequest, CompletionRequest
 from .state import CTX
 from . import classify_routes, reasoning_routes, score_routes, tokenize_routes, vllm_routes
 from .reasoning_routes import SeparateReasoningRequest
-from .weights_routes import UpdateFromDiskBody, UpdateVersionBody, WeightsByNameBody
+from .weights_routes import UpdateFromDiskBody, UpdateFromTensorBody, UpdateVersionBody, WeightsByNameBody
 from .tokenize_routes import DetokenizeRequest, TokenizeRequest
 
 OPENAPI_VERSION = "3.1.0"
@@ -163,6 +163,8 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
                                                query=ResetPrefixCacheQuery),
     weights_routes.update_weights_from_disk: Op("Load new weights from a model folder in place (SGLang)",
                                                 UpdateFromDiskBody),
+    weights_routes.update_weights_from_tensor: Op("Update some or all weights from safetensors bytes (SGLang's "
+                                                  "route; pickled forms refused)", UpdateFromTensorBody),
     weights_routes.update_weight_version: Op("Relabel the served weights' version (SGLang)", UpdateVersionBody),
     weights_routes.get_weight_version: Op("The served weights' version"),
     weights_routes.get_weights_by_name: Op("One parameter's values, first dimension truncated (SGLang)",

@@ -1,20 +1,33 @@
-"""Weight routes in SGLang's wire shape: `/update_weights_from_disk`, `/update_weight_version`,
+"""Weight routes in SGLang's wire shape: `/update_weights_from_disk`, `/update_weights_from_tensor`,
+`/update_weight_version`,
 `/get_weight_version` (older SGLang's; `/model_info` says it too), `/get_weights_by_name` (GET or POST).
 
 `/update_weights_from_disk` answers SGLang's ``{success, message, num_paused_requests}``: 200
 when the new weights serve, 400 when they could not be loaded (the old weights go on serving);
 the 400 also carries the OpenAI-shaped ``error`` (``param: model_path``). The update itself is
 the control actor's (`actors.weights_control`): at a step barrier, with the prefix cache flushed.
+
+`/update_weights_from_tensor` takes SGLang's body, but only its plain, safe form:
+``load_format: "safetensors"`` with ``serialized_named_tensors`` a list of base64 strings, each
+a safetensors file's bytes; together they name any subset of the served parameters. SGLang's
+own forms (``load_format`` null / ``direct`` / ``flattened_bucket``) are pickles, often of
+shared-memory handles: they are refused with a 400 naming the field and never unpickled
+(unpickling client data runs arbitrary code). Answers ``{success, message}`` plus
+``weight_version``; a refused or failed update is a 400 and the old weights serve on.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+import struct
 from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from ..messages import GetWeightsByName, UpdateWeightVersion, UpdateWeightsFromDisk
+from ..messages import GetWeightsByName, UpdateWeightVersion, UpdateWeightsFromDisk, UpdateWeightsFromTensor
 from .errors import APIError, error_body
 from .schemas import INT32_MAX, Id, _Body, read_json
 from .state import CTX
@@ -38,6 +51,51 @@ class UpdateFromDiskBody(_Body):
     manifest: None = None
 
 
+class UpdateFromTensorBody(_Body):
+    serialized_named_tensors: list[StrictStr] = Field(min_length=1, max_length=1024)
+    load_format: StrictStr | None = None       # only "safetensors" (checked in the handler)
+    abort_all_requests: StrictBool = False
+    weight_version: Id | None = None
+    flush_cache: StrictBool = True             # the load always flushes: old KV is never reused
+    disable_draft_model: StrictBool | None = None    # no draft model to update
+    torch_empty_cache: StrictBool = False      # no CUDA cache to empty
+
+
+PICKLED = ("SGLang's pickled forms (load_format null, direct, flattened_bucket) are refused: "
+           "unpickling client data would run arbitrary code; send load_format \"safetensors\" "
+           "with base64 safetensors bytes")
+
+
+def _safetensors_blobs(body: UpdateFromTensorBody) -> tuple[bytes, ...]:
+    """Decode each entry and check its safetensors framing (an 8-byte little-endian header
+    length, then a JSON object); names, shapes and values are checked off the loop."""
+    if body.load_format != "safetensors":
+        raise APIError(400, f"load_format {body.load_format!r} is not accepted: {PICKLED}", param="load_format")
+    blobs = []
+    for i, entry in enumerate(body.serialized_named_tensors):
+        param = f"serialized_named_tensors.{i}"
+        try:
+            blob = base64.b64decode(entry, validate=True)
+        except (binascii.Error, ValueError):
+            raise APIError(400, "not base64", param=param) from None
+        if blob[:1] == b"\x80":                 # a pickle's PROTO opcode
+            raise APIError(400, f"a pickled payload: {PICKLED}", param=param)
+        ok = len(blob) >= 8
+        if ok:
+            (n,) = struct.unpack("<Q", blob[:8])
+            ok = 2 <= n <= len(blob) - 8
+            if ok:
+                try:
+                    ok = isinstance(json.loads(blob[8:8 + n]), dict)
+                except (ValueError, UnicodeDecodeError):
+                    ok = False
+        if not ok:
+            raise APIError(400, "not a safetensors file (an 8-byte header length, then a JSON header)",
+                           param=param)
+        blobs.append(blob)
+    return tuple(blobs)
+
+
 class UpdateVersionBody(_Body):
     new_version: Id = Field(min_length=1)
     abort_all_requests: StrictBool = False
@@ -59,6 +117,19 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         request.app[CTX].extra["model_path"] = body.model_path       # /model_info's, as SGLang's
         return web.json_response(answer)
     answer.update(error_body(400, res.message or "rejected", code="rejected", param="model_path"))
+    return web.json_response(answer, status=400)
+
+
+async def update_weights_from_tensor(request: web.Request) -> web.Response:
+    body = UpdateFromTensorBody.model_validate(await read_json(request))
+    blobs = _safetensors_blobs(body)
+    res = await request.app[CTX].runtime.control(UpdateWeightsFromTensor(
+        blobs, body.abort_all_requests, body.weight_version))
+    answer: dict[str, Any] = {"success": res.ok, "message": res.message}
+    if res.ok:
+        answer["weight_version"] = res.detail.get("weight_version")
+        return web.json_response(answer)
+    answer.update(error_body(400, res.message or "rejected", code="rejected", param="serialized_named_tensors"))
     return web.json_response(answer, status=400)
 
 
@@ -93,6 +164,7 @@ async def get_weights_by_name(request: web.Request) -> web.Response:
 
 ROUTES = [
     web.post("/update_weights_from_disk", update_weights_from_disk),
+    web.post("/update_weights_from_tensor", update_weights_from_tensor),
     web.post("/update_weight_version", update_weight_version),
     web.get("/get_weight_version", get_weight_version),
     web.get("/get_weights_by_name", get_weights_by_name),
