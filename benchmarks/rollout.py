@@ -1,0 +1,357 @@
+"""An RL framework's rollout loop against a live server: N rollouts, a weight update every K s.
+
+Starts `actorserve serve` as a subprocess (`serverproc.py`, 127.0.0.1, a free port,
+`--weight-version 0`) and keeps ``--rollouts`` rollouts running: each a `/generate` with
+``input_ids``, ``return_logprob: true`` (streamed unless ``--no-stream``), sampled, for
+``--max-new-tokens``; a finished rollout is replaced by a fresh one. Every ``--every`` seconds
+one weight update runs, cycling through the clients' exact sequences and sources:
+
+* ``slime``: ``POST /pause_generation {}`` -> ``POST /flush_cache`` retried until 200 ->
+  ``/update_weights_from_disk`` (``model_path``, ``weight_version: N``, ``flush_cache: false``)
+  or ``/update_weights_from_tensor`` (``load_format: safetensors``, base64 safetensors blobs
+  in buckets, ``flush_cache: false``, ``weight_version: N``) -> ``POST /continue_generation``;
+* ``areal``: ``POST /pause_generation`` -> the same update with ``abort_all_requests: true``
+  -> ``POST /continue_generation``.
+
+An aborted rollout (the pause aborts what runs) is resubmitted as AReaL does (slime's partial
+rollouts the same): ``input_ids + output_ids`` and ``max_new_tokens`` minus what it already has.
+The weights alternate between the served folder and a copy perturbed with a fixed seed
+(transformers, ``save_pretrained`` into a temp dir); the tensor source sends the same weights.
+
+Prints one JSON line; per sequence and source (``slime_disk``, ...): ``pause_ms`` (the pause
+call: pause-to-barrier), ``flush_ms`` and ``flush_tries`` (slime), ``update_ms``,
+``continue_ms``, ``continue_to_first_token_ms`` (from continue's answer to the next token of any
+rollout; with ``--no-stream`` to the next whole response with tokens, so much longer), each as p50/p95 over that kind's updates. Across the run: ``stale_tokens`` (must be 0:
+streamed, a chunk's new tokens are stale when they arrive after an update's answer carrying an
+older `meta_info.weight_version`; not streamed, a response is stale when its request was sent
+after an update's answer and it names an older version -- a request whose tokens all came
+before an update may carry the old version), ``versions_seen`` (the versions responses named),
+``aborted`` (requests an update's pause ended with finish_reason abort), ``partial_outputs`` (those that returned their partial ``output_ids`` with one logprob
+per token), ``aborted_empty`` (aborted before their first token), ``aborted_at_end`` (by the
+benchmark's own ``abort_all`` when the duration is up), ``rollouts_completed``, ``errors`` (any
+control call that did not answer 200: route, body and answer),
+``tokens``, the CPU model and the arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import itertools
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import aiohttp  # noqa: E402
+
+from serverproc import free_port, start_server, stop_server, wait_up  # noqa: E402
+
+COMBOS = [("slime", "disk"), ("slime", "tensor"), ("areal", "disk"), ("areal", "tensor")]
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def make_weights(model: str, tmp: str, seed: int, bucket_mb: float) -> tuple[Path, Path, dict, list]:
+    """The served folder, a perturbed copy, and each one's tensor buckets (base64 safetensors)."""
+    import torch
+    from safetensors.torch import save
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from actorserve.engine.models import resolve_model
+
+    served = resolve_model(model)
+    m = AutoModelForCausalLM.from_pretrained(served, dtype=torch.float32)
+    orig = {n: p.detach().clone() for n, p in m.named_parameters()}
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in m.named_parameters():
+            if p.is_floating_point():
+                p.add_(torch.randn(p.shape, generator=gen) * (0.05 * float(p.std()) if p.numel() > 1 else 0.0))
+    pert = Path(tmp) / "perturbed"
+    m.save_pretrained(pert)
+    perturbed = {n: p.detach().clone() for n, p in m.named_parameters()}
+
+    def buckets(named: dict) -> list[str]:
+        out, cur, size = [], {}, 0
+        for n, t in named.items():
+            cur[n] = t.contiguous()
+            size += t.numel() * t.element_size()
+            if size >= bucket_mb * 2**20:
+                out.append(base64.b64encode(save(cur)).decode())
+                cur, size = {}, 0
+        if cur:
+            out.append(base64.b64encode(save(cur)).decode())
+        return out
+
+    tok = AutoTokenizer.from_pretrained(served)
+    blobs = {str(served): buckets(orig), str(pert): buckets(perturbed)}
+    prompts = [tok(f"Rollout {i}: write a short story about a robot learning to paint.")["input_ids"]
+               for i in range(64)]
+    return served, pert, blobs, prompts
+
+
+class Bench:
+    def __init__(self, url: str, args: argparse.Namespace, prompts: list[list[int]]) -> None:
+        self.url, self.args, self.prompts = url, args, prompts
+        self.answered: list[tuple[float, int]] = [(0.0, 0)]   # (update answer time, version)
+        self.waiting_first: asyncio.Future | None = None
+        self.stale = self.tokens = self.completed = self.aborted = 0
+        self.partial = self.aborted_empty = self.requests = 0
+        self.errors: list[str] = []
+        self.versions_seen: set[str] = set()
+        self.stop = False
+        self.aborted_at_end = 0
+
+    def version_at(self, t: float) -> int:
+        return max(v for ta, v in self.answered if ta <= t)
+
+    def saw_tokens(self, t: float, n: int, version: Any) -> None:
+        self.tokens += n
+        if int(version) < self.version_at(t):
+            self.stale += n
+        f = self.waiting_first
+        if f is not None and not f.done():
+            f.set_result(t)
+
+    async def one_request(self, http: aiohttp.ClientSession, ids: list[int], max_new: int) -> tuple[list[int], str]:
+        """One /generate; returns (output_ids, finish type)."""
+        self.requests += 1
+        body = {"input_ids": ids, "return_logprob": True, "stream": self.args.stream,
+                "sampling_params": {"max_new_tokens": max_new, "temperature": 1.0, "top_p": 0.95}}
+        sent = time.perf_counter()
+        last: dict[str, Any] | None = None
+        async with http.post(self.url + "/generate", json=body) as r:
+            if r.status != 200:
+                raise RuntimeError(f"/generate {r.status}: {await r.text()}")
+            if self.args.stream:
+                seen = 0
+                async for raw in r.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    last = json.loads(line[6:])
+                    n = len(last["output_ids"]) - seen
+                    if n > 0:
+                        seen += n
+                        self.saw_tokens(time.perf_counter(), n, last["meta_info"]["weight_version"])
+            else:
+                last = await r.json()
+                n = len(last["output_ids"])
+                self.tokens += n
+                if n and int(last["meta_info"]["weight_version"]) < self.version_at(sent):
+                    self.stale += n
+                f = self.waiting_first
+                if n and f is not None and not f.done():
+                    f.set_result(time.perf_counter())
+        assert last is not None
+        out = list(last["output_ids"])
+        meta = last["meta_info"]
+        self.versions_seen.add(str(meta["weight_version"]))
+        finish = (meta.get("finish_reason") or {}).get("type", "none")
+        if finish == "abort" and self.stop:
+            self.aborted_at_end += 1       # the benchmark's own abort_all at the end, not an update's
+        elif finish == "abort":
+            self.aborted += 1
+            if not out:
+                self.aborted_empty += 1
+            elif len(meta.get("output_token_logprobs") or []) == len(out):
+                self.partial += 1
+        return out, finish
+
+    async def rollout_worker(self, http: aiohttp.ClientSession, i: int) -> None:
+        for k in itertools.count():
+            if self.stop:
+                return
+            ids = list(self.prompts[(i * 7 + k) % len(self.prompts)])
+            budget = self.args.max_new_tokens
+            while True:
+                out, finish = await self.one_request(http, ids, budget)
+                budget -= len(out)
+                if finish != "abort" or budget <= 0:
+                    break
+                if self.stop:
+                    return
+                ids = ids + out            # AReaL's resubmission: the prompt grows by the partial output
+            self.completed += 1
+
+    async def post(self, http: aiohttp.ClientSession, route: str, body: Any) -> tuple[int, Any, float]:
+        t0 = time.perf_counter()
+        async with http.post(self.url + route, json=body) as r:
+            text = await r.text()
+            status = r.status
+        dt = time.perf_counter() - t0
+        try:
+            ans = json.loads(text)
+        except ValueError:
+            ans = text
+        return status, ans, dt
+
+    async def update(self, http: aiohttp.ClientSession, seq: str, source: str, version: int,
+                     target: Path, blobs: list[str]) -> dict[str, float]:
+        rec: dict[str, float] = {}
+
+        async def must(route: str, body: Any) -> float:
+            status, ans, dt = await self.post(http, route, body)
+            if status != 200:
+                msg = f"{seq}/{source} {route} {json.dumps(body)[:300]} -> {status} {json.dumps(ans)[:500]}"
+                self.errors.append(msg)
+                raise RuntimeError(msg)
+            return dt
+
+        rec["pause"] = await must("/pause_generation", {})
+        if seq == "slime":
+            tries, t0 = 0, time.perf_counter()
+            while True:
+                tries += 1
+                status, ans, _ = await self.post(http, "/flush_cache", {})
+                if status == 200:
+                    break
+                if tries >= 200:
+                    self.errors.append(f"/flush_cache never 200: {status} {ans}")
+                    raise RuntimeError("flush never succeeded")
+                await asyncio.sleep(0.05)
+            rec["flush"], rec["flush_tries"] = time.perf_counter() - t0, tries
+        extra = {"abort_all_requests": True} if seq == "areal" else {"flush_cache": False}
+        if source == "disk":
+            body = {"model_path": str(target), "weight_version": str(version), **extra}
+            route = "/update_weights_from_disk"
+        else:
+            body = {"serialized_named_tensors": blobs, "load_format": "safetensors",
+                    "weight_version": str(version), **extra}
+            route = "/update_weights_from_tensor"
+        t0 = time.perf_counter()
+        status, ans, dt = await self.post(http, route, body)
+        if status != 200 or not (isinstance(ans, dict) and ans.get("success")):
+            shown = {k: (v if k != "serialized_named_tensors" else f"<{len(v)} blobs>") for k, v in body.items()}
+            self.errors.append(f"{seq}/{source} {route} {json.dumps(shown)} -> {status} {json.dumps(ans)[:500]}")
+            await must("/continue_generation", {})
+            raise RuntimeError(self.errors[-1])
+        self.answered.append((time.perf_counter(), version))
+        rec["update"] = dt
+        self.waiting_first = asyncio.get_running_loop().create_future()
+        rec["continue"] = await must("/continue_generation", {})
+        t_cont = time.perf_counter()
+        try:
+            t_first = await asyncio.wait_for(asyncio.shield(self.waiting_first), 30)
+            rec["continue_to_first_token"] = max(0.0, t_first - t_cont)
+        except asyncio.TimeoutError:
+            self.errors.append(f"{seq}/{source}: no token within 30 s of continue")
+        return rec
+
+    async def run(self, served: Path, pert: Path, blobs: dict) -> dict[str, Any]:
+        a = self.args
+        conn = aiohttp.TCPConnector(limit=a.rollouts + 8)
+        per: dict[str, list[dict[str, float]]] = {f"{s}_{src}": [] for s, src in COMBOS}
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as http:
+            workers = [asyncio.ensure_future(self.rollout_worker(http, i)) for i in range(a.rollouts)]
+            t_end = time.perf_counter() + a.duration
+            version = 0
+            combos = itertools.cycle(COMBOS)
+            try:
+                while True:
+                    await asyncio.sleep(min(a.every, max(0.0, t_end - time.perf_counter())))
+                    if time.perf_counter() >= t_end - 1e-3:
+                        break
+                    for w in workers:
+                        if w.done() and w.exception() is not None:
+                            raise w.exception()
+                    seq, src = next(combos)
+                    version += 1
+                    target = pert if version % 2 else served
+                    try:
+                        per[f"{seq}_{src}"].append(
+                            await self.update(http, seq, src, version, target, blobs[str(target)]))
+                    except RuntimeError:
+                        version -= 1
+            finally:
+                self.stop = True
+                await self.post(http, "/abort_request", {"abort_all": True})
+                res = await asyncio.gather(*workers, return_exceptions=True)
+            for r in res:
+                if isinstance(r, BaseException):
+                    self.errors.append(f"rollout worker: {r!r}")
+        out: dict[str, Any] = {}
+        for kind, recs in per.items():
+            d: dict[str, Any] = {"updates": len(recs)}
+            for key in ("pause", "flush", "update", "continue", "continue_to_first_token"):
+                vals = [r[key] for r in recs if key in r]
+                if vals:
+                    d[f"{key}_p50_ms"] = round(pct(vals, 0.5) * 1e3, 2)
+                    d[f"{key}_p95_ms"] = round(pct(vals, 0.95) * 1e3, 2)
+            tries = [r["flush_tries"] for r in recs if "flush_tries" in r]
+            if tries:
+                d["flush_tries_max"] = int(max(tries))
+            out[kind] = d
+        out.update({"stale_tokens": self.stale, "tokens": self.tokens, "requests": self.requests,
+                    "aborted": self.aborted, "partial_outputs": self.partial,
+                    "aborted_empty": self.aborted_empty, "rollouts_completed": self.completed,
+                    "aborted_at_end": self.aborted_at_end,
+                    "final_weight_version": self.answered[-1][1],
+                    "versions_seen": sorted(self.versions_seen, key=int), "errors": self.errors})
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny", help="tiny (default) or default (SmolLM2-135M)")
+    p.add_argument("--rollouts", type=int, default=8)
+    p.add_argument("--every", type=float, default=4.0, help="seconds between weight updates")
+    p.add_argument("--duration", type=float, default=20.0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--no-stream", dest="stream", action="store_false")
+    p.add_argument("--bucket-mb", type=float, default=16.0, help="tensor source: bucket size")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the one JSON line (the only output)")
+    args = p.parse_args(argv)
+    random.seed(args.seed)
+    tmp = tempfile.TemporaryDirectory()
+    served, pert, blobs, prompts = make_weights(args.model, tmp.name, args.seed, args.bucket_mb)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    blocks = (args.rollouts + 4) * ((args.max_new_tokens + 64) // 16 + 4)
+    proc = start_server(port, "--model", args.model, "--embedding-model", "none", "--weight-version", "0",
+                        "--kv-blocks", str(blocks), "--max-num-seqs", str(max(8, args.rollouts)),
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        asyncio.run(wait_up(url, proc))
+        bench = Bench(url, args, prompts)
+        res = asyncio.run(bench.run(served, pert, blobs))
+    finally:
+        stop_server(proc)
+        tmp.cleanup()
+    out = {"model": args.model, "cpu": cpu_name(), "args": sys.argv[1:] if argv is None else argv,
+           **res, "server_rc": proc.returncode}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
