@@ -28,6 +28,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# Two families live in their own modules, re-exported here: every actor imports messages from here.
+from .messages_sessions import (  # noqa: F401
+    CloseSession as CloseSession, OpenSession as OpenSession, ResponseBegin as ResponseBegin,
+    ResponseCancel as ResponseCancel, ResponseDelete as ResponseDelete, ResponseEnd as ResponseEnd,
+    ResponseStarted as ResponseStarted, SessionBegin as SessionBegin, SessionEnd as SessionEnd,
+    SessionReap as SessionReap,
+)
+from .messages_weights import (  # noqa: F401
+    GetWeightsByName as GetWeightsByName, LoadWeights as LoadWeights,
+    UpdateWeightsFromDisk as UpdateWeightsFromDisk, UpdateWeightsFromTensor as UpdateWeightsFromTensor,
+    UpdateWeightVersion as UpdateWeightVersion, WeightsApplied as WeightsApplied, WeightsRead as WeightsRead,
+)
+
 # -- submission ----------------------------------------------------------------------------------
 
 
@@ -85,62 +98,7 @@ class ControlResult:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class UpdateWeightsFromDisk:
-    """Load new weights from a model folder in place, at a step barrier (`/update_weights_from_disk`)."""
-    model_path: str
-    load_format: str | None = None
-    abort_all: bool = False
-    weight_version: str | None = None
-    token_step: int = 0          # the trainer's step (SGLang's), recorded with the version
-
-
-@dataclass(frozen=True, slots=True)
-class UpdateWeightsFromTensor:
-    """Update some or all weights from named tensors (`/update_weights_from_tensor`): each blob a
-    safetensors file's bytes, checked off the loop, copied at a step barrier."""
-    blobs: tuple[bytes, ...] = field(repr=False, compare=False)
-    abort_all: bool = False
-    weight_version: str | None = None
-    model_path = "serialized tensors"      # where the weights came from, as the answer says it
-    token_step = 0
-
-    def recorded(self) -> dict[str, Any]:
-        """What the recording keeps: the sizes, never the bytes."""
-        return {"blob_bytes": [len(b) for b in self.blobs], "abort_all": self.abort_all,
-                "weight_version": self.weight_version}
-
-
-@dataclass(frozen=True, slots=True)
-class UpdateWeightVersion:
-    """Relabel the served weights (`/update_weight_version`); optionally abort every request."""
-    new_version: str
-    abort_all: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class GetWeightsByName:
-    """Read one parameter of the served model (`/get_weights_by_name`)."""
-    name: str
-    truncate_size: int = 100
-
-
 # -- control actor -> scheduler -------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class LoadWeights:
-    """Apply weights already read and checked off the loop (`engine.refit.read_checked`'s
-    tensors by name) if no request holds KV and no step runs (else answered busy): the prefix
-    cache is flushed and the copy runs where the model steps run."""
-    model_path: str
-    tensors: Any = field(repr=False, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class WeightsApplied:
-    """The scheduler's own: `LoadWeights`' copy finished on the step thread (`tensors` copied)."""
-    tensors: int
-    error: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,16 +337,6 @@ class WhenIdle:
 
 
 @dataclass(frozen=True, slots=True)
-class WeightsRead:
-    """An update's folder was read and checked on a worker thread, back at the control actor
-    for record `rid`: its tensors by name, or why they cannot serve."""
-    rid: str
-    tensors: Any = field(repr=False, compare=False)
-    error: BaseException | None = None
-    read_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
 class SchedulerIdle:
     """A scheduler's `WhenIdle` answer, back at the control actor for record `rid`."""
     rid: str
@@ -428,94 +376,6 @@ class HealthVerdict:
     (`stall` / `recover`) only when the verdict differs from it."""
     ok: bool
     reason: str = ""
-
-
-# -- sessions -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class OpenSession:
-    session_id: str | None = None
-    capacity_of_str_len: int | None = None
-    timeout: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CloseSession:
-    session_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class SessionBegin:
-    """A request wants to join a session: compose its prompt and mark it running."""
-    session_id: str
-    rid: str                 # the new request's id
-    new_ids: tuple[int, ...]
-    parent: str | None = None
-    offset: int | None = None
-    replace: bool = False
-    drop_previous_output: bool = False
-    bos_id: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SessionEnd:
-    """A session's request ended (or was never submitted): record its output, maybe close."""
-    session_id: str
-    rid: str
-    output_ids: tuple[int, ...] = ()
-    finish_reason: str | None = None
-    submitted: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class SessionReap:
-    session_id: str
-
-
-# -- the responses store (/v1/responses with store) ---------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseBegin:
-    """A stored response is being made: note it ``queued``. With ``previous_id`` the answer
-    carries that response's record (what a continuation is composed from), or refuses: unknown,
-    deleted or evicted, still in progress. ``background``: made with ``background: true`` (only
-    such a response can be cancelled, `ResponseCancel`)."""
-    response_id: str
-    previous_id: str | None = None
-    body: Any = None              # the response object as it stands (queued)
-    background: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseStarted:
-    """From the response's request actor, when the scheduler first took it: ``in_progress``."""
-    response_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseEnd:
-    """A stored response's generation ended: ``status`` is completed | incomplete | failed |
-    cancelled; ``body`` the final response object; ``record`` what a continuation needs
-    (its conversation, input items, session, rid and token ids)."""
-    response_id: str
-    status: str
-    body: Any = None
-    record: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseDelete:
-    response_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseCancel:
-    """``POST /v1/responses/{id}/cancel``: a background response still queued or in progress is
-    aborted (an `AbortRequest` to the control actor) and the answer waits for its end; an ended
-    one is answered as it is; a synchronous one is refused."""
-    response_id: str
 
 
 # -- health_generate ------------------------------------------------------------------------------

@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
 import subprocess
 import tempfile
@@ -53,20 +52,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import aiohttp  # noqa: E402
-from serverproc import free_port, start_server, stop_server, wait_up  # noqa: E402
+from serverproc import cpu_name, free_port, start_server, stop_server, wait_up  # noqa: E402
 
 LOW, HIGH = 10, 0          # vLLM's order: a lower value is served first
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def pct(values: list[float], q: float) -> float:

@@ -41,7 +41,6 @@ import base64
 import itertools
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -56,20 +55,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import aiohttp  # noqa: E402
 
-from serverproc import free_port, start_server, stop_server, wait_up  # noqa: E402
+from serverproc import cpu_name, free_port, start_server, stop_server, wait_up  # noqa: E402
 
 COMBOS = [("slime", "disk"), ("slime", "tensor"), ("areal", "disk"), ("areal", "tensor")]
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def pct(values: list[float], q: float) -> float | None:

@@ -8,6 +8,7 @@ SIGTERM and kills it if it has not stopped within a minute.
 from __future__ import annotations
 
 import asyncio
+import platform
 import socket
 import subprocess
 import sys
@@ -54,3 +55,15 @@ def stop_server(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def cpu_name() -> str:
+    """The CPU's model name (what every figure must say it came from)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

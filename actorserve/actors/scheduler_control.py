@@ -108,6 +108,11 @@ class SchedulerControl(Actor):
         assert self._pending_pause is not None
         if self.running and self._start_step(drain=True):
             return
+        self._settle_pending_pause()
+
+    def _settle_pending_pause(self) -> None:
+        """Apply the pause that waited and answer whoever asked for it."""
+        assert self._pending_pause is not None
         mode, fut = self._pending_pause
         self._pending_pause = None
         res = self._apply_pause(mode)
@@ -168,12 +173,8 @@ class SchedulerControl(Actor):
         if self._pending_pause is not None:
             if self._pending_pause[0] == "wait":
                 self._drain_or_pause()
-                return
-            mode, fut = self._pending_pause
-            self._pending_pause = None
-            res = self._apply_pause(mode)
-            if not fut.done():
-                self._reply(fut, res)
+            else:
+                self._settle_pending_pause()
 
     # -- flush and idle ------------------------------------------------------------------------
     @handles(Flush)
