@@ -213,6 +213,7 @@ async def test_pooling_route_embed_and_classify(tiny, minilm, clf):
         cl = await _post(http, "/pooling", {"input": ["good movie", "bad film"], "task": "classify"})
         ref = await _post(http, "/classify", {"input": ["good movie", "bad film"]})
         assert cl["model"] == clf.name
+        assert len(cl["data"]) == len(ref["data"]) == 2
         assert all(_close(a["data"], b["probs"]) for a, b in zip(cl["data"], ref["data"]))
         for bad, param in (({"input": "x", "task": "token_embed"}, "task"), ({"input": "x", "task": "score"}, "task"),
                            ({"input": "x", "task": "encode"}, "task"), ({"input": "x", "dimensions": 8}, "dimensions"),

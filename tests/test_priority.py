@@ -258,8 +258,9 @@ async def test_over_http_priority_with_the_openai_client_and_sglang_generate(tin
         r = await oa.chat.completions.create(model=NAME, messages=msgs, max_tokens=2,
                                              extra_body={"priority": -3, "ignore_eos": True})
         assert r.choices[0].finish_reason == "length"
-        c = await oa.completions.create(model=NAME, prompt="hi", max_tokens=2, extra_body={"priority": 7})
-        assert c.choices[0].text is not None
+        c = await oa.completions.create(model=NAME, prompt="hi", max_tokens=2,
+                                        extra_body={"priority": 7, "ignore_eos": True})
+        assert c.choices[0].finish_reason == "length"
         resp = await oa.responses.create(model=NAME, input="hi", max_output_tokens=2,
                                          extra_body={"priority": 2})
         assert resp.status in ("completed", "incomplete")
@@ -271,6 +272,7 @@ async def test_over_http_priority_with_the_openai_client_and_sglang_generate(tin
         metrics = await (await http.get("/metrics")).text()
         assert f'actorserve_priority_queue_time_seconds_count{{model_name="{NAME}",priority="-3"}} 1.0' in metrics
         assert f'priority="4"}} 1.0' in metrics and f'priority="2"}} 1.0' in metrics
+        assert f'priority="7"}} 1.0' in metrics
         await settle(rt)
     async with serve(tiny) as (http, rt), \
             AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="x", max_retries=0) as oa:

@@ -56,8 +56,7 @@ async def test_pause_wait_drains_the_running_request_admits_none_then_pauses(tin
         r = await http.get("/is_paused")
         assert (await r.json())["is_paused"] is True
         steps = _step_notes(rec)
-        for _ in range(50):                            # pause is a barrier: nothing steps now
-            await asyncio.sleep(0)
+        await rt.quiesce()                             # pause is a barrier: every actor is done, nothing stepped
         assert _step_notes(rec) == steps and not b.done()
         r = await http.post("/resume")
         assert r.status == 200 and await r.json() == {"status": "resumed"}
@@ -98,8 +97,7 @@ async def test_pause_abort_ends_the_running_request_with_partial_output_and_is_a
         assert snap["is_paused"] is True and snap["mode"] == "abort"
         late = asyncio.ensure_future(http.post("/generate", json=GEN))      # queues; nothing steps
         await _until(lambda: len(rt.live_actors()) == 1, "the late request never arrived")
-        for _ in range(50):
-            await asyncio.sleep(0)
+        await rt.quiesce()
         assert _step_notes(rec) == steps and not late.done()
         assert (await http.post("/resume")).status == 200
         assert (await late).status == 200

@@ -66,12 +66,12 @@ async def test_min_tokens_masks_the_end_until_reached(tiny):
         assert out.usage.completion_tokens >= 3
         # a stop string is not looked for before the minimum either
         first = tiny[2].decode(base[:1])
-        if first.strip():
-            s1 = await oa.completions.create(model=NAME, prompt=PROMPT, max_tokens=6, temperature=0, stop=[first])
-            s3 = await oa.completions.create(model=NAME, prompt=PROMPT, max_tokens=6, temperature=0, stop=[first],
-                                             extra_body={"min_tokens": 3})
-            assert s1.choices[0].text == "" and s1.choices[0].finish_reason == "stop"
-            assert s3.usage.completion_tokens >= 3
+        assert first.strip(), first          # a visible first token, to stop on
+        s1 = await oa.completions.create(model=NAME, prompt=PROMPT, max_tokens=6, temperature=0, stop=[first])
+        s3 = await oa.completions.create(model=NAME, prompt=PROMPT, max_tokens=6, temperature=0, stop=[first],
+                                         extra_body={"min_tokens": 3})
+        assert s1.choices[0].text == "" and s1.choices[0].finish_reason == "stop"
+        assert s3.usage.completion_tokens >= 3
         msg = await _bad(http, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "min_tokens": 3}, "min_tokens")
         assert msg == "min_tokens must be less than or equal to max_tokens=2, got 3."
         await _bad(http, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 2, "min_new_tokens": 5}},
@@ -207,8 +207,8 @@ async def test_structured_outputs_and_the_completions_default(tiny):
         obj = await oa.completions.create(model=NAME, prompt=PROMPT, max_tokens=40, temperature=0, extra_body={
             "structured_outputs": {"json": {"type": "object", "properties": {"a": {"type": "integer"}},
                                             "required": ["a"], "additionalProperties": False}}})
-        if obj.choices[0].finish_reason == "stop":
-            assert set(json.loads(obj.choices[0].text)) == {"a"}
+        assert obj.choices[0].finish_reason == "stop", obj        # the grammar closed the object
+        assert set(json.loads(obj.choices[0].text)) == {"a"}
         msg = await _bad(http, "/v1/completions", {"prompt": PROMPT, "structured_outputs": {"regex": "a", "choice": ["b"]}},
                          "structured_outputs")
         assert "only use one kind" in msg

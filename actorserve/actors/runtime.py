@@ -207,7 +207,7 @@ class Runtime:
         wait for `sched` (its queue, and submissions still in its mailbox), or when a prompt of
         `tokens` would take the prompt tokens its queue holds past `max_queued_tokens` (an
         empty queue admits any). Probes always pass: health must answer under overload."""
-        if is_probe:
+        if is_probe or (self.max_queued is None and self.max_queued_tokens is None):
             return
         queued = len(sched.lane) + sched.mailbox.statistics().current_size
         over = None

@@ -222,12 +222,13 @@ class SchedulerActor(SchedulerControl):
         self.policy.max_len = min(info.max_model_len, info.num_blocks * info.block_size)
         plan = self.policy.plan(self.running, [] if drain else [self.probe_lane, self.lane], self.bm)
         rec = self.system.recorder if self.system is not None else None
-        for seq, cause in zip(plan.retracted, plan.causes):
-            if rec is not None:           # why: the cause, and the priority it had
-                rec.note("sched", "retract", rid=seq.rid, data={"cause": cause, "priority": seq.priority})
-            self._tell(seq.rid, Retracted(seq.rid, cause))
-        self.lane.extendleft([s for s in plan.retracted if not s.is_probe])
-        self.probe_lane.extendleft([s for s in plan.retracted if s.is_probe])
+        if plan.retracted:
+            for seq, cause in zip(plan.retracted, plan.causes):
+                if rec is not None:           # why: the cause, and the priority it had
+                    rec.note("sched", "retract", rid=seq.rid, data={"cause": cause, "priority": seq.priority})
+                self._tell(seq.rid, Retracted(seq.rid, cause))
+            self.lane.extendleft([s for s in plan.retracted if not s.is_probe])
+            self.probe_lane.extendleft([s for s in plan.retracted if s.is_probe])
         for seq, cached in plan.admitted:
             seq.admitted = True
             self._tell(seq.rid, Scheduled(seq.rid, cached))

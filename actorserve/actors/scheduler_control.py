@@ -217,7 +217,8 @@ class SchedulerControl(Actor):
         load, freed, fut = self._loading
         self._loading = None
         res = (self._loaded(load, msg.tensors, freed) if msg.error is None else
-               ControlResult(False, f"applying the weights failed: {type(msg.error).__name__}: {msg.error}"))
+               ControlResult(False, f"applying the weights failed: {type(msg.error).__name__}: {msg.error}; "
+                                      "the copy may have stopped part way: update again before serving on"))
         if not fut.done():
             self._reply(fut, res)
 

@@ -121,7 +121,7 @@ class WeightsControl(Actor):
             detail = str(error) if isinstance(error, WeightsMismatch) else f"{type(error).__name__}: {error}"
             return self._weights_done(rec, ControlResult(False, detail), None)
         rec.data = msg.tensors
-        self._ask(rec, self.scheduler, LoadWeights(rec.msg.model_path, rec.data))
+        self._weights_idle(rec)
 
     def _weights_done(self, rec: Any, res: ControlResult | None, error: BaseException | None) -> None:
         """The scheduler's answer to `LoadWeights` (or its failure)."""

@@ -98,17 +98,19 @@ def apply_checked(engine: Any, new: dict[str, Any]) -> int:
     if recast:                                 # quantize from float32, as a fresh load does
         model.float()
     n = 0
-    with torch.no_grad():
-        for name, t in model.state_dict().items():
-            if name in new:                    # a partial update (tensors) copies its names only
-                t.copy_(new[name].to(t.dtype))
-                n += 1
-    if report is not None:
-        from .quant import quantize_model
-        model.actorserve_quant = quantize_model(model, report.asked or report.mode)
-    if recast:
-        model.to(dtype)
-    _rederive(engine, model)
+    try:
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                if name in new:                # a partial update (tensors) copies its names only
+                    t.copy_(new[name].to(t.dtype))
+                    n += 1
+        if report is not None:
+            from .quant import quantize_model
+            model.actorserve_quant = quantize_model(model, report.asked or report.mode)
+    finally:                                   # even a failed copy leaves a model that runs in
+        if recast:                             # its own dtype with its derived copies (what it
+            model.to(dtype)                    # holds then is said by the raised error's caller)
+        _rederive(engine, model)
     return n
 
 

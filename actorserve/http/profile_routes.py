@@ -215,6 +215,8 @@ async def start(ctx: ServerContext, body: ProfileBody) -> Profile:
     async with _lock(ctx):
         if ctx.extra.get("profile") is not None:
             raise APIError(400, ALREADY, code="profile_in_progress")
+        if body.profile_stages and not body.profile_by_stage:      # it would pick nothing
+            raise FieldError("profile_stages", "profile_stages picks the stages of profile_by_stage: true")
         if ctx.runtime.recorder is None:           # the steps are seen through the recorder
             for name in ("num_steps", "start_step", "profile_by_stage"):
                 if getattr(body, name):
