@@ -25,17 +25,20 @@ class UpdateWeightsFromDisk:
 @dataclass(frozen=True, slots=True)
 class UpdateWeightsFromTensor:
     """Update some or all weights from named tensors (`/update_weights_from_tensor`): each blob a
-    safetensors file's bytes, checked off the loop, copied at a step barrier."""
+    safetensors file's bytes (``load_format`` "safetensors"), or SGLang's shared-memory pickle
+    (null, "direct", "flattened_bucket"; read by `engine.refit_shm`), checked off the loop,
+    copied at a step barrier."""
     blobs: tuple[bytes, ...] = field(repr=False, compare=False)
     abort_all: bool = False
     weight_version: str | None = None
+    load_format: str | None = "safetensors"
     model_path = "serialized tensors"      # where the weights came from, as the answer says it
     token_step = 0
 
     def recorded(self) -> dict[str, Any]:
         """What the recording keeps: the sizes, never the bytes."""
         return {"blob_bytes": [len(b) for b in self.blobs], "abort_all": self.abort_all,
-                "weight_version": self.weight_version}
+                "weight_version": self.weight_version, "load_format": self.load_format}
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,7 +96,7 @@ class WeightsControl(Actor):
         def read() -> tuple[Any, float]:
             t0 = time.perf_counter()
             if isinstance(msg, UpdateWeightsFromTensor):
-                tensors = refit_tensors.read_tensors_checked(engine, msg.blobs)
+                tensors = refit_tensors.read_tensors_checked(engine, msg.blobs, msg.load_format)
             else:
                 tensors = refit.read_checked(engine, msg.model_path, msg.load_format)
             return tensors, time.perf_counter() - t0

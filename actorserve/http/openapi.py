@@ -163,8 +163,8 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
                                                query=ResetPrefixCacheQuery),
     weights_routes.update_weights_from_disk: Op("Load new weights from a model folder in place (SGLang)",
                                                 UpdateFromDiskBody),
-    weights_routes.update_weights_from_tensor: Op("Update some or all weights from safetensors bytes (SGLang's "
-                                                  "route; pickled forms refused)", UpdateFromTensorBody),
+    weights_routes.update_weights_from_tensor: Op("Update some or all weights from safetensors bytes, or "
+                                                  "SGLang's shared-memory forms from this host", UpdateFromTensorBody),
     weights_routes.update_weight_version: Op("Relabel the served weights' version (SGLang)", UpdateVersionBody),
     weights_routes.get_weight_version: Op("The served weights' version"),
     weights_routes.get_weights_by_name: Op("One parameter's values, first dimension truncated (SGLang)",

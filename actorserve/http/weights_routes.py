@@ -7,13 +7,15 @@ when the new weights serve, 400 when they could not be loaded (the old weights g
 the 400 also carries the OpenAI-shaped ``error`` (``param: model_path``). The update itself is
 the control actor's (`actors.weights_control`): at a step barrier, with the prefix cache flushed.
 
-`/update_weights_from_tensor` takes SGLang's body, but only its plain, safe form:
+`/update_weights_from_tensor` takes SGLang's body in two kinds of form. The plain one:
 ``load_format: "safetensors"`` with ``serialized_named_tensors`` a list of base64 strings, each
 a safetensors file's bytes; together they name any subset of the served parameters. SGLang's
-own forms (``load_format`` null / ``direct`` / ``flattened_bucket``) are pickles, often of
-shared-memory handles: they are refused with a 400 naming the field and never unpickled
-(unpickling client data runs arbitrary code). Answers ``{success, message}`` plus
-``weight_version``; a refused or failed update is a 400 and the old weights serve on.
+own forms (``load_format`` null / ``direct`` / ``flattened_bucket``) are pickles of tensors in
+shared memory, one per tensor-parallel rank (this server is one): accepted from the same host
+only (a loopback peer), and read by `engine.refit_shm`'s allow-listed unpickler, which builds
+torch's shared-memory tensors and nothing else (any other global in the pickle is a 400 before
+anything runs). Answers ``{success, message}`` plus ``weight_version``; a refused or failed update
+is a 400 and the old weights serve on.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class UpdateFromDiskBody(_Body):
 
 class UpdateFromTensorBody(_Body):
     serialized_named_tensors: list[StrictStr] = Field(min_length=1, max_length=1024)
-    load_format: StrictStr | None = None       # only "safetensors" (checked in the handler)
+    load_format: StrictStr | None = None       # "safetensors", or SGLang's null / direct / flattened_bucket
     abort_all_requests: StrictBool = False
     weight_version: Id | None = None
     flush_cache: StrictBool = True             # the load always flushes: old KV is never reused
@@ -61,16 +63,29 @@ class UpdateFromTensorBody(_Body):
     torch_empty_cache: StrictBool = False      # no CUDA cache to empty
 
 
-PICKLED = ("SGLang's pickled forms (load_format null, direct, flattened_bucket) are refused: "
-           "unpickling client data would run arbitrary code; send load_format \"safetensors\" "
-           "with base64 safetensors bytes")
+SHARED_FORMATS = (None, "direct", "flattened_bucket")     # SGLang's pickles of shared-memory tensors
 
 
-def _safetensors_blobs(body: UpdateFromTensorBody) -> tuple[bytes, ...]:
-    """Decode each entry and check its safetensors framing (an 8-byte little-endian header
-    length, then a JSON object); names, shapes and values are checked off the loop."""
-    if body.load_format != "safetensors":
-        raise APIError(400, f"load_format {body.load_format!r} is not accepted: {PICKLED}", param="load_format")
+def _same_host(request: web.Request) -> bool:
+    import ipaddress
+    try:
+        return ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _blobs(body: UpdateFromTensorBody, request: web.Request) -> tuple[bytes, ...]:
+    """Decode each entry and check its framing: a safetensors file (an 8-byte little-endian
+    header length, then a JSON object) or, for SGLang's forms, a pickle from this host; names,
+    shapes and values are checked off the loop."""
+    fmt = body.load_format
+    if fmt != "safetensors" and fmt not in SHARED_FORMATS:
+        raise APIError(400, f"load_format {fmt!r} is not accepted: use \"safetensors\" (base64 safetensors "
+                            "bytes) or SGLang's null, \"direct\" or \"flattened_bucket\"", param="load_format")
+    if fmt in SHARED_FORMATS and not _same_host(request):
+        raise APIError(400, f"load_format {fmt!r} sends tensors in this host's shared memory: only a client "
+                            "on the same host can send it; send load_format \"safetensors\" instead",
+                       param="load_format")
     blobs = []
     for i, entry in enumerate(body.serialized_named_tensors):
         param = f"serialized_named_tensors.{i}"
@@ -78,8 +93,12 @@ def _safetensors_blobs(body: UpdateFromTensorBody) -> tuple[bytes, ...]:
             blob = base64.b64decode(entry, validate=True)
         except (binascii.Error, ValueError):
             raise APIError(400, "not base64", param=param) from None
-        if blob[:1] == b"\x80":                 # a pickle's PROTO opcode
-            raise APIError(400, f"a pickled payload: {PICKLED}", param=param)
+        if fmt in SHARED_FORMATS:
+            if blob[:1] != b"\x80":             # a pickle's PROTO opcode
+                raise APIError(400, f"load_format {fmt!r} expects SGLang's serialized tensors (a pickle)",
+                               param=param)
+            blobs.append(blob)
+            continue
         ok = len(blob) >= 8
         if ok:
             (n,) = struct.unpack("<Q", blob[:8])
@@ -122,9 +141,9 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
 
 async def update_weights_from_tensor(request: web.Request) -> web.Response:
     body = UpdateFromTensorBody.model_validate(await read_json(request))
-    blobs = _safetensors_blobs(body)
+    blobs = _blobs(body, request)
     res = await request.app[CTX].runtime.control(UpdateWeightsFromTensor(
-        blobs, body.abort_all_requests, body.weight_version))
+        blobs, body.abort_all_requests, body.weight_version, body.load_format))
     answer: dict[str, Any] = {"success": res.ok, "message": res.message}
     if res.ok:
         answer["weight_version"] = res.detail.get("weight_version")
