@@ -41,6 +41,7 @@ class UpdateFromDiskBody(_Body):
     model_path: Path = Field(min_length=1, max_length=4096)
     load_format: Literal["auto", "safetensors", "pt"] | None = None
     abort_all_requests: StrictBool = False
+    abort_all_request: StrictBool | None = None   # AReaL's spelling: honoured as abort_all_requests
     weight_version: Id | None = None
     flush_cache: StrictBool = True      # the load always flushes: old KV is never reused
     # SGLang's other fields, as its clients serialise them: what has no meaning without CUDA is
@@ -128,7 +129,8 @@ class WeightsByNameBody(_Body):
 async def update_weights_from_disk(request: web.Request) -> web.Response:
     body = UpdateFromDiskBody.model_validate(await read_json(request))
     res = await request.app[CTX].runtime.control(UpdateWeightsFromDisk(
-        body.model_path, body.load_format, body.abort_all_requests, body.weight_version, body.token_step))
+        body.model_path, body.load_format, body.abort_all_requests or bool(body.abort_all_request),
+        body.weight_version, body.token_step))
     paused = int(res.detail.get("waiting", 0)) if res.ok else 0
     answer: dict[str, Any] = {"success": res.ok, "message": res.message, "num_paused_requests": paused}
     if res.ok:
