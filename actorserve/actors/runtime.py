@@ -420,6 +420,9 @@ class Runtime:
                     "stalls": snap.stalls, "reason": snap.health_reason},
                 "sessions": self.sessions.describe(),
                 "responses": self.responses.describe(),
+                "actors": len(self.system.actors),       # live actors: requests and the fixed ones
+                "recorder": None if self.recorder is None else {
+                    "events": len(self.recorder), "capacity": self.recorder.ring.maxlen},
                 "recent_controls": [{"rid": r.rid, "op": r.op, "state": r.state.name,
                                      "message": r.result.message if r.result else ""}
                                     for r in self.control_actor.history]}
