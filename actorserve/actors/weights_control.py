@@ -3,9 +3,10 @@
 
 The weights are a `WeightsModel` walking the WEIGHTS lifecycle
 (``serving -> updating -> serving``, or ``updating -> failed -> serving`` when the load fails
-and the old weights go on serving; ``rename`` relabels the version). Its `version` is what every
-response says in ``weight_version``; each change is on the recording (a ``weights_version``
-note beside the transition).
+and the old weights go on serving; ``rename`` relabels the version). Its `version` is the
+serving label; each change is on the recording (a ``weights_version`` note beside the
+transition) and goes to the scheduler (`LoadWeights.weight_version`, `SetWeightVersion`), whose
+steps stamp it on every token they make (a response's ``weight_versions``).
 
 An update is a control record like a flush, in two phases. First the folder (or the sent
 safetensors blobs, `engine.refit_tensors`: any subset of the parameters) is read and checked

@@ -19,6 +19,8 @@ The report compares, per scheduler, the batch composition of every step (the fir
 step is where a changed batching policy shows), and per lifecycle instance (each request,
 control record, session, the server) its sequence of transitions. ``drift`` counts inputs that
 could not be placed at their recorded point (there is always a cause among the differences).
+A weight update's read and copy are held to their recorded point too, and reloaded or played
+back (`reexec_weights`); each step's weights label is compared.
 """
 
 from __future__ import annotations
