@@ -40,6 +40,7 @@ from .messages_weights import (  # noqa: F401
     UpdateWeightsFromDisk as UpdateWeightsFromDisk, UpdateWeightsFromTensor as UpdateWeightsFromTensor,
     UpdateWeightVersion as UpdateWeightVersion, WeightsApplied as WeightsApplied, WeightsRead as WeightsRead,
 )
+from .messages_weights import SetWeightVersion as SetWeightVersion  # noqa: F401
 
 # -- submission ----------------------------------------------------------------------------------
 
@@ -158,6 +159,7 @@ class TokenOut:
     ids_logprobs: list[tuple[int, float]] | None = None   # SamplingParams.token_ids_logprob
     prompt_logprobs: Any = None          # engine.base.PromptLogprobs, with the first token
     spec: tuple[int, int] | None = None  # first token of a speculative step: (verified, accepted)
+    weight_version: str | None = None    # the weights that made it (its step's version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +241,7 @@ class TokenItem:
     prompt_logprobs: Any = None          # engine.base.PromptLogprobs, with the first token
     # The first token of a speculative step: (drafts verified, drafts accepted) in that step
     spec: tuple[int, int] | None = None
+    weight_version: str | None = None    # the version of the weights the step that made it ran with
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +308,10 @@ class RequestOutput:
     # On the finished output of a request that speculated: (verify steps, drafts verified,
     # drafts accepted); None if it never did.
     spec: tuple[int, int, int] | None = None
+    # The output tokens so far per weight version, in order: ((version, start, end), ...), end
+    # exclusive, over the request's generated tokens (a request that spans a weight update has
+    # several); on every item (cumulative) and on the finished one.
+    weight_versions: tuple[tuple[str, int, int], ...] = ()
 
 
 # -- control actor internals ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["UpdateWeightsFromDisk", "UpdateWeightsFromTensor", "UpdateWeightVersion", "GetWeightsByName",
-           "LoadWeights", "WeightsApplied", "WeightsRead"]
+           "LoadWeights", "WeightsApplied", "WeightsRead", "SetWeightVersion"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,14 @@ class LoadWeights:
     cache is flushed and the copy runs where the model steps run."""
     model_path: str
     tensors: Any = field(repr=False, compare=False)
+    weight_version: str | None = None     # the label of the new weights (None: the label stays)
+
+
+@dataclass(frozen=True, slots=True)
+class SetWeightVersion:
+    """Relabel the weights the scheduler's steps run with (`/update_weight_version`): steps
+    started from now on say `version`; a step in flight keeps the label it started with."""
+    version: str
 
 
 @dataclass(frozen=True, slots=True)

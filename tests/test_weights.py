@@ -74,9 +74,10 @@ async def test_update_from_disk_serves_the_new_weights(folders):
         async with AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="x", max_retries=0) as oai:
             chat = await oai.chat.completions.create(model="tiny-llama", max_tokens=2,
                                                      messages=[{"role": "user", "content": "hi"}])
-            assert chat.metadata == {"weight_version": "v2"}      # SGLang's place (a declared field)
+            assert chat.metadata == {"weight_version": "v2", "weight_versions": [   # SGLang's place
+                {"version": "v2", "start": 0, "end": chat.usage.completion_tokens}]}
             comp = await oai.completions.create(model="tiny-llama", max_tokens=2, prompt="hi")
-            assert comp.model_extra["metadata"] == {"weight_version": "v2"}
+            assert comp.model_extra["metadata"]["weight_version"] == "v2"
         # get_weights_by_name reads the new values
         import torch
         from transformers import AutoModelForCausalLM

@@ -92,7 +92,8 @@ class OutputStage(Actor):
             if t.actor.alive:
                 t.actor.tell(TokenOut(item.rid, item.token_id, item.logprob, item.top_logprobs,
                                       finish, text, matched, ids_logprobs=item.ids_logprobs,
-                                      prompt_logprobs=item.prompt_logprobs, spec=item.spec))
+                                      prompt_logprobs=item.prompt_logprobs, spec=item.spec,
+                                      weight_version=item.weight_version))
         return tuple(stopped), tuple(failed), dropped
 
     def _detokenize(self, t: _Tracked, item: Any, rec: Any) -> tuple[str, str | None, int | str | None]:

@@ -108,7 +108,8 @@ class OutputStream:
         lps = [lp for it in items if it.logprobs for lp in it.logprobs]
         merged.logprobs = lps if lps or items[0].logprobs is not None else None
         for f in ("finished", "finish_reason", "error", "pooled", "prompt_tokens",
-                  "completion_tokens", "cached_tokens", "matched_stop", "aborted_in", "spec"):
+                  "completion_tokens", "cached_tokens", "matched_stop", "aborted_in", "spec",
+                  "weight_versions"):
             setattr(merged, f, getattr(last, f))
         merged.timings = last.timings
         return merged
@@ -260,7 +261,7 @@ class RequestActor(Actor):
 
 
 class GenerationActor(RequestActor):
-    __slots__ = ("want_logprobs", "completion_tokens", "session", "out_ids", "spec")
+    __slots__ = ("want_logprobs", "completion_tokens", "session", "out_ids", "spec", "versions")
     lifecycle = GENERATION
 
     def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
@@ -273,6 +274,9 @@ class GenerationActor(RequestActor):
         self.session = session
         self.out_ids: list[int] | None = [] if session is not None else None
         self.spec: tuple[int, int, int] | None = None    # (verify steps, drafts, accepted)
+        # its tokens per weight version: ((version, start, end), ...), one span per run of tokens
+        # made by the same weights (a request retracted and resumed under new ones has two)
+        self.versions: tuple[tuple[str, int, int], ...] = ()
 
     def _final(self, item: RequestOutput) -> None:
         if self.session is not None:
@@ -285,6 +289,17 @@ class GenerationActor(RequestActor):
     def _fill_usage(self, item: RequestOutput) -> None:
         item.completion_tokens = self.completion_tokens
         item.spec = self.spec
+        item.weight_versions = self.versions
+
+    def _version(self, version: str | None) -> None:
+        """Token number `completion_tokens` (just counted) was made by weights `version`."""
+        n, spans = self.completion_tokens, self.versions
+        if version is None:            # made outside a scheduler step (tests): nothing to say
+            return
+        if spans and spans[-1][0] == version and spans[-1][2] == n - 1:
+            self.versions = spans[:-1] + ((version, spans[-1][1], n),)
+        else:
+            self.versions = spans + ((version, n - 1, n),)
 
     @handles(PrefillProgress)
     def _progress(self, msg: PrefillProgress) -> None:
@@ -298,6 +313,7 @@ class GenerationActor(RequestActor):
             assert self.system is not None
             self.t_first = self.system.clock.now()
         self.completion_tokens += 1
+        self._version(msg.weight_version)
         if msg.spec is not None:
             steps, drafts, accepted = self.spec or (0, 0, 0)
             self.spec = (steps + 1, drafts + msg.spec[0], accepted + msg.spec[1])
@@ -306,7 +322,7 @@ class GenerationActor(RequestActor):
         lp = [(msg.token_id, msg.logprob, msg.top_logprobs, msg.ids_logprobs)] if self.want_logprobs else None
         if msg.finish_reason is None:
             self.stream.put(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp,
-                                          prompt_logprobs=msg.prompt_logprobs))
+                                          prompt_logprobs=msg.prompt_logprobs, weight_versions=self.versions))
             return
         self.fire("finish")           # the last token is known: detok until the client has it
         self._final(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp,

@@ -114,7 +114,7 @@ class Runtime:
         self.system = ActorSystem(clock=clock, recorder=recorder)
         self.stage = OutputStage()
         self.scheduler = SchedulerActor(engine, stage=self.stage, batch=cfg.batch,
-                                        step_in_thread=cfg.step_in_thread)
+                                        step_in_thread=cfg.step_in_thread, weight_version=weight_version)
         self.pooling_engines: dict[str, Engine] = dict(pooling_engines or {})
         self.pool_schedulers: dict[str, SchedulerActor] = {
             key: _pool_scheduler(key, eng, cfg, self.stage) for key, eng in self.pooling_engines.items()}
@@ -167,6 +167,7 @@ class Runtime:
                 "pooling": {key: sched(s) for key, s in self.pool_schedulers.items()},
                 "responses_store": self.responses.capacity,
                 "max_queue_time_s": self.max_queue_time,
+                "weight_version": self.scheduler.weight_version,
                 "watchdog": None if self.watchdog is None else {
                     "timeout": self.watchdog.timeout, "interval": self.watchdog.interval}}
 

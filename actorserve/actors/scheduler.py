@@ -69,8 +69,10 @@ class SchedulerActor(SchedulerControl):
 
     def __init__(self, engine: Engine, *, stage: Actor, batch: BatchConfig | None = None,
                  block_manager: BlockManager | None = None, step_in_thread: bool = True,
-                 name: str = "scheduler", batch_wait_s: float = 0.0) -> None:
+                 name: str = "scheduler", batch_wait_s: float = 0.0, weight_version: str = "default") -> None:
         super().__init__(name)
+        self.weight_version = weight_version  # the label of the weights its steps run with now
+        self.step_version = weight_version    # the label of the step in flight (or the last one)
         self.rid = name                      # the lifecycle instance's id in the recording
         self.state = SCHEDULER.initial
         self.engine = engine
@@ -252,6 +254,7 @@ class SchedulerActor(SchedulerControl):
                 data["draft"] = drafts
             rec.note("step", "step", data=data)
         step = self.step_id
+        self.step_version = self.weight_version     # its tokens are this version's (no load mid-step)
         run = self.runner or (self.system.run_in_thread if self.step_in_thread else self.system.run_inline)
         run(self, self.engine.execute, batch, wrap=lambda res, err: self._returned(step, batch, res, err))
 
@@ -442,7 +445,7 @@ class SchedulerActor(SchedulerControl):
         if reason is not None:
             self._drop(seq.rid)
         return TokenItem(seq.rid, tok, out.logprob, out.top_logprobs, reason, out.ids_logprobs,
-                         out.prompt_logprobs, spec)
+                         out.prompt_logprobs, spec, self.step_version)
 
     def _finish_reason(self, seq: Any, tok: int, grammar_done: bool = False) -> str | None:
         sp = seq.sampling

@@ -24,6 +24,12 @@ scheduler actor itself, so the diagram, the recording and the code agree:
   as `WeightsApplied`), or inline when steps run inline. No forward mixes two weight versions
   and no KV of the old weights is reused. Requests waiting in the queue (a retract pause
   included) run later under the new weights.
+* The weights' label (`weight_version`): every step takes the label current when it starts
+  (`step_version`) and every token it yields carries it, so a request knows which weights made
+  each of its tokens. `LoadWeights` with a `weight_version` relabels when the copy is queued
+  (every later step runs after the copy; a copy that fails puts the old label back);
+  `SetWeightVersion` (a rename) relabels the steps that start from then on. Each change is on
+  the recording (a ``sched``/``weight_version`` note, between the steps it separates).
 * `Flush` clears the prefix cache when no request holds KV and no step is in flight (requests
   that only wait in the queue hold none), else answers busy; waiting for
   idle is the control record's `waiting` state, not the scheduler's: the control actor asks
@@ -41,7 +47,7 @@ from typing import Any
 
 from ..messages import (
     Abort, Continue, ControlResult, Flush, GetWeightsByName, LoadWeights, Pause, Paused, Resumed,
-    Retracted, WeightsApplied, WhenIdle,
+    Retracted, SetWeightVersion, WeightsApplied, WhenIdle,
 )
 from ..statemachines import PAUSE_MODES, PAUSED_MODE, SCHEDULER, SchedulerState
 from .actor import Actor, handles
@@ -63,6 +69,10 @@ class SchedulerControl(Actor):
     runner: Any             # re-execution's step holder (steps then never reach the step thread)
     engine: Any
     _loading: tuple[LoadWeights, int, asyncio.Future[ControlResult]] | None = None  # a copy on the step thread
+    weight_version: str     # the label of the weights steps run with (`SchedulerActor.__init__`)
+    _label_before: str | None = None   # the label to put back if the queued copy fails
+    # re-execution's holder of a weight copy (called like `runner`; None: the step thread or inline)
+    load_runner: Any = None
     # and its `_abort(Abort)`, `_tell(rid, message)`, `_cancel_window()`, `_settle()`
 
     def fire(self, event: str) -> None:
@@ -197,18 +207,37 @@ class SchedulerControl(Actor):
         if self._loading is not None:
             return ControlResult(False, "another weight load is being applied")
         freed = self.bm.flush()       # first: a request admitted meanwhile computes its KV after the copy
-        if not self.step_in_thread or self.runner is not None:
+        # a stand-in engine (re-execution) applies its own way; a served model is copied into
+        apply = getattr(self.engine, "apply_weights", None) or (lambda t: refit.apply_checked(self.engine, t))
+        if self.load_runner is None and (not self.step_in_thread or self.runner is not None):
             try:
-                n = refit.apply_checked(self.engine, msg.tensors)
+                n = apply(msg.tensors)
             except Exception as exc:
                 return ControlResult(False, f"applying the weights failed: {type(exc).__name__}: {exc}")
+            if msg.weight_version is not None:
+                self._relabel(msg.weight_version, "load")
             return self._loaded(msg, n, freed)
         assert self.system is not None
         fut: asyncio.Future[ControlResult] = asyncio.get_running_loop().create_future()
         self._loading = (msg, freed, fut)
-        self.system.pipe(self.system.call_on_step_thread(refit.apply_checked, self.engine, msg.tensors),
-                         self, off_loop=True, wrap=lambda n, err: WeightsApplied(n or 0, err))
+        if msg.weight_version is not None:   # every step from now on runs after the copy
+            self._label_before = self.weight_version
+            self._relabel(msg.weight_version, "load")
+        if self.load_runner is not None:
+            self.load_runner(self, apply, msg.tensors, wrap=self._applied)
+        else:
+            self.system.pipe(self.system.call_on_step_thread(apply, msg.tensors),
+                             self, off_loop=True, wrap=self._applied)
         return fut
+
+    def _applied(self, n: Any, err: BaseException | None) -> WeightsApplied:
+        """The copy came back from the step thread (on the loop, outside any turn): an input
+        to the actors, on the recording like a step's end."""
+        rec = self.system.recorder if self.system is not None else None
+        if rec is not None:
+            rec.input("weights_applied", data={"sched": self.name, "tensors": n or 0,
+                                               "error": None if err is None else f"{type(err).__name__}: {err}"})
+        return WeightsApplied(n or 0, err)
 
     @handles(WeightsApplied)
     def _weights_applied(self, msg: WeightsApplied) -> None:
@@ -216,6 +245,9 @@ class SchedulerControl(Actor):
             return
         load, freed, fut = self._loading
         self._loading = None
+        before, self._label_before = self._label_before, None
+        if msg.error is not None and before is not None:
+            self._relabel(before, "load_failed")
         res = (self._loaded(load, msg.tensors, freed) if msg.error is None else
                ControlResult(False, f"applying the weights failed: {type(msg.error).__name__}: {msg.error}; "
                                       "the copy may have stopped part way: update again before serving on"))
@@ -225,6 +257,19 @@ class SchedulerControl(Actor):
     def _loaded(self, msg: LoadWeights, n: int, freed: int) -> ControlResult:
         return ControlResult(True, f"loaded {n} tensors from {msg.model_path}; prefix cache flushed",
                              {"tensors": n, "freed_blocks": freed, "waiting": len(self.seqs)})
+
+    @handles(SetWeightVersion)
+    def _set_weight_version(self, msg: SetWeightVersion) -> None:
+        self._relabel(msg.version, "rename")
+
+    def _relabel(self, version: str, cause: str) -> None:
+        """The steps that start from now on run with weights labelled `version`."""
+        if version == self.weight_version:
+            return
+        self.weight_version = version
+        rec = self.system.recorder if self.system is not None else None
+        if rec is not None:
+            rec.note("sched", "weight_version", data={"sched": self.name, "version": version, "cause": cause})
 
     @handles(GetWeightsByName)
     def _weights_by_name(self, msg: GetWeightsByName) -> ControlResult:

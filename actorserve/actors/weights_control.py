@@ -3,9 +3,10 @@
 
 The weights are a `WeightsModel` walking the WEIGHTS lifecycle
 (``serving -> updating -> serving``, or ``updating -> failed -> serving`` when the load fails
-and the old weights go on serving; ``rename`` relabels the version). Its `version` is what every
-response says in ``weight_version``; each change is on the recording (a ``weights_version``
-note beside the transition).
+and the old weights go on serving; ``rename`` relabels the version). Its `version` is the
+serving label; each change is on the recording (a ``weights_version`` note beside the
+transition) and goes to the scheduler (`LoadWeights.weight_version`, `SetWeightVersion`), whose
+steps stamp it on every token they make (a response's ``weight_versions``).
 
 An update is a control record like a flush, in two phases. First the folder (or the sent
 safetensors blobs, `engine.refit_tensors`: any subset of the parameters) is read and checked
@@ -27,8 +28,8 @@ import time
 from typing import Any
 
 from ..messages import (
-    AbortRequest, ControlResult, GetWeightsByName, LoadWeights, UpdateWeightVersion, UpdateWeightsFromDisk,
-    UpdateWeightsFromTensor, WeightsRead,
+    AbortRequest, ControlResult, GetWeightsByName, LoadWeights, SetWeightVersion, UpdateWeightVersion,
+    UpdateWeightsFromDisk, UpdateWeightsFromTensor, WeightsRead,
 )
 from ..statemachines import WEIGHTS, IllegalTransition, ServerState, WeightsState
 from .actor import Actor, handles
@@ -53,6 +54,8 @@ class WeightsControl(Actor):
     scheduler: Actor
     server: Any
     open: dict[str, Any]
+    # re-execution's holder of an update's read, called (rid, msg, wrap); None: a worker thread
+    weights_reader: Any = None
     # and its `_new`, `_end`, `_wait`, `_ask`, `_ask_idle`, `_abort`, `_rec`
 
     def _weights_fire(self, event: str) -> None:
@@ -101,9 +104,21 @@ class WeightsControl(Actor):
                 tensors = refit.read_checked(engine, msg.model_path, msg.load_format)
             return tensors, time.perf_counter() - t0
 
+        def wrap(res: Any, err: BaseException | None) -> WeightsRead:
+            """The read came back (on the loop, outside any turn): an input, on the recording."""
+            out = WeightsRead(rid, None, err) if err is not None else WeightsRead(rid, res[0], None, res[1])
+            rec = self._rec
+            if rec is not None:
+                rec.input("weights_read", rid=rid, data={
+                    "ok": err is None, "tensors": len(out.tensors) if err is None else 0,
+                    "error": None if err is None else f"{type(err).__name__}: {err}"})
+            return out
+
+        if self.weights_reader is not None:
+            self.weights_reader(rid, msg, wrap)
+            return
         fut = self.system.loop.run_in_executor(None, read)
-        self.system.pipe(fut, self, off_loop=True, wrap=lambda res, err: (
-            WeightsRead(rid, None, err) if err is not None else WeightsRead(rid, res[0], None, res[1])))
+        self.system.pipe(fut, self, off_loop=True, wrap=wrap)
 
     @handles(WeightsRead)
     def _weights_read(self, msg: WeightsRead) -> None:
@@ -149,7 +164,7 @@ class WeightsControl(Actor):
 
     def _weights_idle(self, rec: Any) -> None:
         """The scheduler is idle: ask for the load again."""
-        self._ask(rec, self.scheduler, LoadWeights(rec.msg.model_path, rec.data))
+        self._ask(rec, self.scheduler, LoadWeights(rec.msg.model_path, rec.data, rec.msg.weight_version))
 
     @handles(UpdateWeightVersion)
     def _update_version(self, msg: UpdateWeightVersion) -> Any:
@@ -164,6 +179,8 @@ class WeightsControl(Actor):
         if msg.abort_all:
             self._abort(AbortRequest(abort_all=True))
         self._set_version(msg.new_version)
+        if self.scheduler.alive:           # the steps that start from now on carry the new label
+            self.scheduler.tell(SetWeightVersion(msg.new_version))
         return self._end(rec, ControlResult(True, f"weight version updated to {msg.new_version}",
                                             {"weight_version": msg.new_version}))
 

@@ -61,6 +61,12 @@ def _read_folder(path: str, load_format: str | None) -> dict[str, Any]:
     return dict(new.state_dict())
 
 
+def read_folder(path: str, load_format: str | None = None) -> dict[str, Any]:
+    """A model folder's tensors by name, unchecked (re-execution reloads a recorded update's
+    folder this way: its stand-in engine has no parameters to check them against)."""
+    return _read_folder(path, load_format)
+
+
 def read_checked(engine: Any, path: str, load_format: str | None = None) -> dict[str, Any]:
     """Phase one of an update, on any thread: the folder's tensors by name, checked against the
     served model's names and shapes. Pure I/O and CPU that touches nothing served (it reads the

@@ -200,7 +200,7 @@ class RequestGroup:
                 merged.prompt_logprobs = out.prompt_logprobs
             if out.finished:
                 for f in ("finished", "finish_reason", "error", "prompt_tokens", "completion_tokens",
-                          "cached_tokens", "matched_stop", "aborted_in", "spec"):
+                          "cached_tokens", "matched_stop", "aborted_in", "spec", "weight_versions"):
                     setattr(merged, f, getattr(out, f))
         merged.text = "".join(pieces)
         return merged

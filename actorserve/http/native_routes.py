@@ -34,6 +34,7 @@ from .native_schemas import GenerateRequest
 from .schemas import read_json
 from .compat import sglang_server_fields
 from .state import CTX
+from .weight_versions import version_fields
 
 
 def finish_reason(out: Any) -> dict[str, Any]:
@@ -58,7 +59,8 @@ def _meta(job: Job, out: Any, finished: bool, weights: Any) -> dict[str, Any]:
     reason = finish_reason(out) if finished else None
     meta = {"id": job.rid, "finish_reason": reason, "prompt_tokens": out.prompt_tokens,
             "completion_tokens": out.completion_tokens, "cached_tokens": out.cached_tokens,
-            "weight_version": weights(),   # SGLang's: which weights answered (--weight-version, updates)
+            # SGLang's: which weights made its tokens (weight_version: the last one's; weight_versions: spans)
+            **version_fields(out.weight_versions, out.completion_tokens, weights()),
             "e2e_latency": round(job.timer.elapsed, 6) if job.timer is not None else None}
     spec = getattr(out, "spec", None)
     if spec is not None:           # it speculated (--speculative): SGLang's spec_verify_ct and more
@@ -115,7 +117,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     zero_jobs: set[int] = set()      # job indices of those inputs
     prompt_len: dict[int, int] = {}  # job index -> its prompt's tokens (every streamed chunk says it)
     lp_of: dict[int, Any] = {}       # job index -> its SGLang logprob fields (return_logprob)
-    weights = lambda: ctx.runtime.weight_version     # read when answered: an update may come between
+    weights = lambda: ctx.runtime.weight_version     # no token made yet: the version serving when answered
     with_text = body.return_text_in_logprobs
     async with group:
         if sess is not None:

@@ -35,6 +35,7 @@ from .schemas import SessionParams
 from .schemas import ChatCompletionRequest, CompletionRequest, read_json
 from .state import CTX, ServerContext
 from .tools import ToolPlan, plan_tools
+from .weight_versions import response_metadata
 
 
 def resolve_model(ctx: ServerContext, model: str | None) -> str:
@@ -123,7 +124,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                 **stop_fields(o, finish, body.stop_token_ids, ctx.runtime.engine_info.eos_token_ids)})
             answer = {"id": cid, "object": "chat.completion", "created": created, "model": model,
                       "choices": choices, "usage": rplan.add_usage(_usage(outs, len(ids)), thought),
-                      "metadata": {"weight_version": ctx.runtime.weight_version}}     # SGLang's
+                      "metadata": response_metadata(outs, ctx.runtime.weight_version)}     # SGLang's
             if sp.prompt_logprobs is not None:      # vLLM's, for the one prompt of every choice
                 answer["prompt_logprobs"] = vllm_prompt_logprobs(ctx, outs[0].prompt_logprobs)
             return web.json_response(answer)
@@ -255,7 +256,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 c.update(stop_fields(o, o.finish_reason, params[0].stop_token_ids, eos))
             return web.json_response({"id": cid, "object": "text_completion", "created": created,
                                       "model": model, "choices": choices, "usage": used,
-                                      "metadata": {"weight_version": ctx.runtime.weight_version}})
+                                      "metadata": response_metadata(outs, ctx.runtime.weight_version)})
         resp = await sse.open_sse(request)
         finals: list[RequestOutput] = []
         offsets: dict[int, TextOffsets] = {}      # per choice, from its first chunk on

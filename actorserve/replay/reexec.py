@@ -19,6 +19,8 @@ The report compares, per scheduler, the batch composition of every step (the fir
 step is where a changed batching policy shows), and per lifecycle instance (each request,
 control record, session, the server) its sequence of transitions. ``drift`` counts inputs that
 could not be placed at their recorded point (there is always a cause among the differences).
+A weight update's read and copy are held to their recorded point too, and reloaded or played
+back (`reexec_weights`); each step's weights label is compared.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..engine.batching import BatchConfig, BatchPolicy
 from ..engine.params import PoolingParams, SamplingParams
 from ..statemachines import LIFECYCLES
 from .recorder import Event, FlightRecorder
+from .reexec_weights import OPS as WEIGHT_OPS, WeightsPlayback, compare_versions
 from .standin import ReplayClock, ReplayDetokenizer, ReplayEngine
 
 CONTROL_MESSAGES = ("AbortRequest", "PauseGeneration", "ContinueGeneration", "FlushCache",
@@ -76,17 +79,20 @@ class ReexecReport:
     drift: int = 0
     first_drift: tuple[int, str] | None = None
     fillers: int = 0
+    weights: list[str] = field(default_factory=list)        # each update: reloaded, or why not
+    weights_diffs: list[str] = field(default_factory=list)  # a reload or a step's label that differs
 
     @property
     def ok(self) -> bool:
-        return not self.step_diffs and not self.transition_diffs
+        return not self.step_diffs and not self.transition_diffs and not self.weights_diffs
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "inputs": self.inputs, "instances": self.instances,
                 "steps": {k: {"recorded": a, "replayed": b} for k, (a, b) in self.steps.items()},
                 "step_diffs": [_asdict(d) for d in self.step_diffs],
                 "transition_diffs": [_asdict(d) for d in self.transition_diffs],
-                "drift": self.drift, "first_drift": self.first_drift, "fillers": self.fillers}
+                "drift": self.drift, "first_drift": self.first_drift, "fillers": self.fillers,
+                "weights": self.weights, "weights_diffs": self.weights_diffs}
 
     def format(self, limit: int = 10) -> str:
         lines = [f"re-executed {self.inputs} inputs: "
@@ -102,6 +108,7 @@ class ReexecReport:
                          f"{t.recorded}, replayed {t.replayed}")
         if len(self.transition_diffs) > limit:
             lines.append(f"  ... {len(self.transition_diffs) - limit} more instances differ")
+        lines += [f"  weights: {w}" for w in self.weights] + [f"  weights differ: {w}" for w in self.weights_diffs]
         if self.drift and self.first_drift is not None:
             seq, what = self.first_drift
             lines.append(f"  {self.drift} inputs placed off their recorded point (first at seq {seq}: {what})")
@@ -199,7 +206,7 @@ class _Driver:
         self.rec = FlightRecorder(clock=self.clock, capacity=len(events) * 2 + 1024,
                                   lifecycles=LIFECYCLES.values())
         self.rt = Runtime(self.engine, config=cfg, clock=self.clock, recorder=self.rec,
-                          pooling_engines=pooling)
+                          pooling_engines=pooling, weight_version=setup.get("weight_version", "default"))
         if policy is not None:
             self.rt.scheduler.policy = policy
         self.queue: deque[tuple[Any, Any]] = deque()
@@ -208,6 +215,7 @@ class _Driver:
         for s in [self.rt.scheduler, *self.rt.pool_schedulers.values()]:
             s.runner = self._hold
         self.report = ReexecReport(inputs=len(self.inputs))
+        self.weights = WeightsPlayback(self, self.inputs, RecordingError)
         # events the recording has before the runtime's set-up (made by whoever owned the recorder)
         self.offset = self.inputs[0].seq - 1
         self.futures: list[Any] = []
@@ -296,9 +304,11 @@ class _Driver:
             assert e.rid is not None
             self._keep(rt.abort(e.rid, d.get("reason", "abort")))
         elif e.event in ("control", "session"):
-            if d.get("op") not in CONTROL_MESSAGES:
+            if d.get("op") not in CONTROL_MESSAGES + WEIGHT_OPS:
                 raise RecordingError(f"seq {e.seq}: unknown control message {d.get('op')!r}")
-            msg = getattr(M, d["op"])(**_tuples(d.get("args") or {}))
+            args = _tuples(d.get("args") or {})
+            msg = (self.weights.message(e, d["op"], args) if d["op"] in WEIGHT_OPS
+                   else getattr(M, d["op"])(**args))
             self._keep(rt.control(msg) if e.event == "control" else rt.session(msg))
         elif e.event == "health_done":
             rt.health_done(d["record"], d["ok"], d["reason"])
@@ -313,6 +323,9 @@ class _Driver:
                 rt.delivered(e.rid)
         elif e.event == "step_end":
             self._step_end(e, d)
+        elif e.event in ("weights_read", "weights_applied"):
+            if not self.weights.feed(e):
+                self._drifted(e)
         elif e.event == "timer":
             label = d.get("label")
             fired = self.clock.fire_labelled(label) if label else self.clock.fire_next()
@@ -395,4 +408,6 @@ async def reexecute(events: list[Event], *, batch: BatchConfig | None = None,
     replayed = await driver.run()
     report = compare(events, replayed, driver.report, cut=cut)
     report.fillers = driver.engine.fillers
+    report.weights = driver.weights.notes
+    report.weights_diffs = driver.weights.diffs + compare_versions(events, replayed)
     return report

@@ -29,6 +29,7 @@ from .timeline import (
     timeline_svgs,
 )
 from .timeline_js import SCRIPT
+from .versions import ABSENT, describe, token_versions
 
 __all__ = ["STATE_COLORS", "highlight_for", "highlights", "to_html", "to_mermaid_sequence"]
 
@@ -131,6 +132,28 @@ def _overlays(evs: list[Event], rids: list[str]) -> tuple[list[str], dict[str, l
     return templates, index
 
 
+def _weights_section(evs: list[Event], rid: str | None, limit: int = 50) -> str:
+    """Which weights made which tokens (`versions.token_versions`): every label change, and
+    each request whose tokens came from more than one version (or the one asked for)."""
+    info = token_versions(evs)
+    if not info.known:
+        return f"<h2>Weights</h2><p class='note'>{html.escape(ABSENT)}.</p>"
+    per = info.tokens_per_version()
+    rows = [f"<p class='summary'>tokens per version: "
+            f"{html.escape(', '.join(f'{v}: {n}' for v, n in per.items()) or 'none')}</p>"]
+    for seq, sched, v, cause in info.changes:
+        rows.append(f"<p class='summary'>seq {seq}: {html.escape(sched)} steps run with "
+                    f"<b>{html.escape(v)}</b> from here ({html.escape(cause)})</p>")
+    shown = [rid] if rid is not None else info.spanning()
+    for r in shown[:limit]:
+        spans = info.spans.get(r)
+        rows.append(f"<p class='summary'>{html.escape(r)}: "
+                    f"{html.escape(describe(spans) if spans else 'no tokens generated')}</p>")
+    if len(shown) > limit:
+        rows.append(f"<p class='note'>... and {len(shown) - limit} more requests span versions.</p>")
+    return "<h2>Weights</h2>" + "".join(rows)
+
+
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 16px; color: #0f172a; }
 h1 { font-size: 20px; margin: 0 0 6px; } h2 { font-size: 16px; margin: 18px 0 6px; }
@@ -194,6 +217,7 @@ def to_html(events: Iterable[Event], *, rid: str | None = None, title: str = "ac
             span += f"; {len(axis.pieces) - 1} idle gap(s), {fmt_ns(idle)} in all, collapsed"
         parts.append(f"<p class='summary'>{html.escape(span)}.</p>")
         ov_templates, ov_index = _overlays(evs, [ln.rid for ln in requests if ln.rid])
+    parts.append(_weights_section(evs, rid))
     keys = "".join(
         f"<div><b>{k}</b>" + "".join(f"<span class='key' style='background:{c}'>{s}</span>"
                                      for s, c in states) + "</div>"

@@ -22,6 +22,7 @@ from ..statemachines import LIFECYCLES
 from .check import Report, check
 from .recorder import ended_in_order, incarnation_of, read_all_parts, read_recording
 from .stats import by_priority_lines, latency_report, speculation_line, wasted_forwards_line
+from .versions import lines as version_lines, report as version_report, request_lines, token_versions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         if not lines:
             print(f"no events for rid {args.rid!r}", file=sys.stderr)
             return 2
-        print("\n".join(lines))
+        print("\n".join(lines + request_lines(token_versions(events), args.rid)))
         return 0
     report = check(events, require_terminal=not args.allow_unfinished, allow_open=True,
                    **ending(args.path, header))
@@ -195,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
                            for v in report.violations],
             "stale_definitions": stale,
             **latency_report(events),
+            "weights": version_report(token_versions(events)),
         }))
     else:
         print(f"{len(events)} events")
@@ -230,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
         if lat.get("speculation"):
             print(speculation_line(lat["speculation"]))  # type: ignore[arg-type]
         for line in by_priority_lines(lat.get("by_priority") or {}):  # type: ignore[arg-type]
+            print(line)
+        for line in version_lines(token_versions(events)):
             print(line)
         if report.ok:
             print("no violations")

@@ -126,6 +126,11 @@ class ReplayEngine:
     def release(self, seq: Sequence) -> None:
         pass
 
+    def apply_weights(self, tensors: Any) -> int:
+        """A weight update's copy (`LoadWeights`): the tokens are the recording's anyway; answers
+        how many tensors the (reloaded or played-back) read had."""
+        return len(tensors)
+
 
 class ReplayDetokenizer:
     """Emits no text; reports a stop string after `stop_at` tokens when the recording had one."""
