@@ -157,7 +157,7 @@ def _set_timeout(pg: Any, seconds: float) -> None:
     try:
         from torch.distributed.distributed_c10d import _set_pg_timeout
         _set_pg_timeout(timedelta(seconds=seconds), pg)
-    except (ImportError, RuntimeError, AttributeError) as exc:     # older torch: the init bound stays
+    except (ImportError, RuntimeError, AttributeError, ValueError) as exc:   # older torch: the init bound stays
         log.debug("cannot set the weight update group's timeout: %r", exc)
 
 
