@@ -41,6 +41,11 @@ from .messages_weights import (  # noqa: F401
     UpdateWeightVersion as UpdateWeightVersion, WeightsApplied as WeightsApplied, WeightsRead as WeightsRead,
 )
 from .messages_weights import SetWeightVersion as SetWeightVersion  # noqa: F401
+from .messages_weights_group import (  # noqa: F401
+    DestroyWeightsUpdateGroup as DestroyWeightsUpdateGroup, InitWeightsUpdateGroup as InitWeightsUpdateGroup,
+    UpdateWeightsFromDistributed as UpdateWeightsFromDistributed, WeightsGroupClosed as WeightsGroupClosed,
+    WeightsGroupJoined as WeightsGroupJoined,
+)
 
 # -- submission ----------------------------------------------------------------------------------
 

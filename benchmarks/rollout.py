@@ -13,6 +13,14 @@ one weight update runs, cycling through the clients' exact sequences and sources
 * ``areal``: ``POST /pause_generation`` -> the same update with ``abort_all_requests: true``
   -> ``POST /continue_generation``.
 
+The ``gloo`` source is a trainer process (``python -m actorserve.engine.weights_group``, SGLang's
+recipe): at the start it joins the server's ``/init_weights_update_group`` as rank 0 (gloo, the
+TCP store on a free port); for each update it posts ``/update_weights_from_distributed`` (``names``,
+``dtypes``, ``shapes``, and the sequence's ``weight_version`` / ``flush_cache`` /
+``abort_all_requests``) while it broadcasts every tensor; at the end it destroys the group.
+Its ``update_ms`` is that post's time (the broadcast runs within it); ``gloo_join_ms`` is the join's.
+``--sources`` picks the sources cycled through (default ``disk,tensor,gloo``).
+
 An aborted rollout (the pause aborts what runs) is resubmitted as AReaL does (slime's partial
 rollouts the same): ``input_ids + output_ids`` and ``max_new_tokens`` minus what it already has.
 The weights alternate between the served folder and a copy perturbed with a fixed seed
@@ -57,7 +65,8 @@ import aiohttp  # noqa: E402
 
 from serverproc import cpu_name, free_port, start_server, stop_server, wait_up  # noqa: E402
 
-COMBOS = [("slime", "disk"), ("slime", "tensor"), ("areal", "disk"), ("areal", "tensor")]
+COMBOS = [("slime", "disk"), ("slime", "tensor"), ("slime", "gloo"),
+          ("areal", "disk"), ("areal", "tensor"), ("areal", "gloo")]
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -117,6 +126,50 @@ class Bench:
         self.versions_seen: set[str] = set()
         self.stop = False
         self.aborted_at_end = 0
+        self.combos = [c for c in COMBOS if c[1] in args.sources]
+        self.trainer: asyncio.subprocess.Process | None = None
+        self.gloo_join_s: float | None = None
+
+    async def trainer_ask(self, **cmd: Any) -> dict[str, Any]:
+        assert self.trainer is not None and self.trainer.stdin is not None and self.trainer.stdout is not None
+        self.trainer.stdin.write((json.dumps(cmd) + "\n").encode())
+        await self.trainer.stdin.drain()
+        raw = await asyncio.wait_for(self.trainer.stdout.readline(), 600)
+        if not raw:
+            raise RuntimeError(f"the trainer exited ({await self.trainer.wait()})")
+        return json.loads(raw)
+
+    async def start_trainer(self, served: Path, pert: Path) -> None:
+        """The gloo source's trainer process, joined to the server's group (rank 0)."""
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
+        self.trainer = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "actorserve.engine.weights_group", "--server", self.url,
+            "--weights", f"served={served}", "--weights", f"pert={pert}",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
+        raw = await asyncio.wait_for(self.trainer.stdout.readline(), 600)   # type: ignore[union-attr]
+        if not raw or json.loads(raw).get("op") != "ready":
+            raise RuntimeError(f"the trainer did not start: {raw!r}")
+        joined = await self.trainer_ask(op="join", master_port=free_port())
+        if joined.get("status") != 200:
+            raise RuntimeError(f"/init_weights_update_group: {json.dumps(joined)[:500]}")
+        self.gloo_join_s = joined["s"]
+
+    async def stop_trainer(self) -> None:
+        if self.trainer is None:
+            return
+        try:
+            gone = await self.trainer_ask(op="destroy")
+            if gone.get("status") != 200:
+                self.errors.append(f"/destroy_weights_update_group: {json.dumps(gone)[:500]}")
+        finally:
+            assert self.trainer.stdin is not None
+            self.trainer.stdin.close()
+            try:
+                await asyncio.wait_for(self.trainer.wait(), 60)
+            except asyncio.TimeoutError:
+                self.trainer.kill()
+                await self.trainer.wait()
 
     def version_at(self, t: float) -> int:
         return max(v for ta, v in self.answered if ta <= t)
@@ -228,15 +281,21 @@ class Bench:
                 await asyncio.sleep(0.05)
             rec["flush"], rec["flush_tries"] = time.perf_counter() - t0, tries
         extra = {"abort_all_requests": True} if seq == "areal" else {"flush_cache": False}
-        if source == "disk":
+        if source == "gloo":
+            route = "/update_weights_from_distributed"
+            body = {"weight_version": str(version), **extra}
+            done = await self.trainer_ask(op="update", weights="pert" if target.name == "perturbed" else "served",
+                                          fields=body)
+            status, ans, dt = done["status"], done["answer"], done["s"]
+        elif source == "disk":
             body = {"model_path": str(target), "weight_version": str(version), **extra}
             route = "/update_weights_from_disk"
         else:
             body = {"serialized_named_tensors": blobs, "load_format": "safetensors",
                     "weight_version": str(version), **extra}
             route = "/update_weights_from_tensor"
-        t0 = time.perf_counter()
-        status, ans, dt = await self.post(http, route, body)
+        if source != "gloo":
+            status, ans, dt = await self.post(http, route, body)
         if status != 200 or not (isinstance(ans, dict) and ans.get("success")):
             shown = {k: (v if k != "serialized_named_tensors" else f"<{len(v)} blobs>") for k, v in body.items()}
             self.errors.append(f"{seq}/{source} {route} {json.dumps(shown)} -> {status} {json.dumps(ans)[:500]}")
@@ -257,12 +316,14 @@ class Bench:
     async def run(self, served: Path, pert: Path, blobs: dict) -> dict[str, Any]:
         a = self.args
         conn = aiohttp.TCPConnector(limit=a.rollouts + 8)
-        per: dict[str, list[dict[str, float]]] = {f"{s}_{src}": [] for s, src in COMBOS}
+        per: dict[str, list[dict[str, float]]] = {f"{s}_{src}": [] for s, src in self.combos}
+        if "gloo" in a.sources:
+            await self.start_trainer(served, pert)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as http:
             workers = [asyncio.ensure_future(self.rollout_worker(http, i)) for i in range(a.rollouts)]
             t_end = time.perf_counter() + a.duration
             version = 0
-            combos = itertools.cycle(COMBOS)
+            combos = itertools.cycle(self.combos)
             try:
                 while True:
                     await asyncio.sleep(min(a.every, max(0.0, t_end - time.perf_counter())))
@@ -283,6 +344,7 @@ class Bench:
                 self.stop = True
                 await self.post(http, "/abort_request", {"abort_all": True})
                 res = await asyncio.gather(*workers, return_exceptions=True)
+                await self.stop_trainer()
             for r in res:
                 if isinstance(r, BaseException):
                     self.errors.append(f"rollout worker: {r!r}")
@@ -302,6 +364,7 @@ class Bench:
                     "aborted": self.aborted, "partial_outputs": self.partial,
                     "aborted_empty": self.aborted_empty, "rollouts_completed": self.completed,
                     "aborted_at_end": self.aborted_at_end,
+                    "gloo_join_ms": None if self.gloo_join_s is None else round(self.gloo_join_s * 1e3, 2),
                     "final_weight_version": self.answered[-1][1],
                     "versions_seen": sorted(self.versions_seen, key=int), "errors": self.errors})
         return out
@@ -317,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-stream", dest="stream", action="store_false")
     p.add_argument("--bucket-mb", type=float, default=16.0, help="tensor source: bucket size")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sources", type=lambda v: [x for x in v.split(",") if x], default=["disk", "tensor", "gloo"],
+                   help="weight sources cycled through: disk, tensor, gloo (comma-separated)")
     p.add_argument("--json", action="store_true", help="print the one JSON line (the only output)")
     args = p.parse_args(argv)
     random.seed(args.seed)

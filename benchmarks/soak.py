@@ -193,7 +193,7 @@ async def run(args: argparse.Namespace, proc: subprocess.Popen, url: str) -> dic
                 print(f"cycle {c + 1}: {secs[-1]} s, RSS {rss[-1]} MB, {sizes[-1]}", file=sys.stderr)
     growth = [round((b - a) / a * 100, 3) for a, b in zip(rss, rss[1:])]
     late = growth[2:]                                      # cycle 3 on
-    return {"bench": "soak", "cpu": cpu_name(), "rss_mb": rss, "growth_pct": growth,
+    return {"bench": "soak", "cpu": cpu_name(), "server_pid_alive": proc.poll() is None, "rss_mb": rss, "growth_pct": growth,
             "max_growth_pct_from_cycle3": max(late) if late else None,
             "rest_over_start": round(rss[-1] / rss[0], 3), "cycle_s": secs, "server_sizes": sizes,
             "requests": soak.done, "errors": soak.errors,
@@ -209,17 +209,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rest", type=float, default=1.0, help="seconds at rest before each RSS reading")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-arg", action="append", default=[], help="extra `serve` argument (repeat)")
+    p.add_argument("--server-log", default=None, help="write the server's output here")
     p.add_argument("--json", action="store_true", help="print the one JSON line (the only output)")
     args = p.parse_args(argv)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(port, "--model", args.model, *args.server_arg,
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = open(args.server_log, "wb") if args.server_log else subprocess.DEVNULL
+    proc = start_server(port, "--model", args.model, *args.server_arg, stdout=log, stderr=log)
     try:
         asyncio.run(wait_up(url, proc))
         out = asyncio.run(run(args, proc, url))
     finally:
         stop_server(proc)
+        if args.server_log:
+            log.close()
     print(json.dumps(out))
     return 0
 

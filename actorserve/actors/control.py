@@ -9,7 +9,7 @@ disconnected, a health probe that timed out, a pooling request's caller that lef
 one is a recorded control request with its reason.
 
 The served weights are the WEIGHTS lifecycle, handled by the `WeightsControl` base
-(`weights_control`). The control actor also owns the server's two orthogonal regions: the SERVER lifecycle
+(`weights_control`; a trainer's process group by `WeightsGroupControl`, `weights_distributed`). The control actor also owns the server's two orthogonal regions: the SERVER lifecycle
 (``starting -> serving <-> paused_<mode> -> draining -> stopped``) and the HEALTH lifecycle
 (``healthy <-> unhealthy``, moved by the watchdog's `HealthVerdict`). A paused server that
 stalls is ``paused_retract`` and ``unhealthy`` at once; nothing is re-fired when it recovers.
@@ -36,7 +36,8 @@ from ..statemachines import (
     PoolState, ServerState,
 )
 from .actor import Actor, handles
-from .weights_control import WEIGHT_OPS, WeightsControl, WeightsModel
+from .weights_control import WEIGHT_OPS, WeightsModel
+from .weights_distributed import WeightsGroupControl
 
 S = ServerState
 _DELIVERING = (GenState.detok, PoolState.pool)    # result known, not yet taken by the client
@@ -78,7 +79,7 @@ class HealthModel:
         self.stalls = 0
 
 
-class ControlActor(WeightsControl):
+class ControlActor(WeightsGroupControl):
     def __init__(self, scheduler: Actor, *, pool_schedulers: dict[str, Actor] | None = None,
                  name: str = "control", weight_version: str = "default") -> None:
         super().__init__(name)
@@ -88,6 +89,7 @@ class ControlActor(WeightsControl):
         self.server = ServerModel()
         self.health = HealthModel()
         self.weights = WeightsModel(weight_version)    # the WEIGHTS lifecycle (weights_control)
+        self._init_weights_group()                     # a trainer's process group (weights_distributed)
         self._ids = itertools.count(1)
         self.open: dict[str, ControlRecord] = {}           # records not ended yet, by rid
         self.history: deque[ControlRecord] = deque(maxlen=32)   # the last ended, for /server_info
@@ -344,6 +346,7 @@ class ControlActor(WeightsControl):
             self._rec.created(WEIGHTS, self.weights, {"version": self.weights.version})
 
     def on_stop(self) -> None:
+        self._close_weights_group()
         for rec in list(self.open.values()):
             if rec.reply is not None and not rec.reply.done():
                 self._reply(rec.reply, ControlResult(False, "server shutting down"))

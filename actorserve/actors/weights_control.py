@@ -34,7 +34,7 @@ from ..messages import (
 from ..statemachines import WEIGHTS, IllegalTransition, ServerState, WeightsState
 from .actor import Actor, handles
 
-WEIGHT_OPS = ("update_weights_from_disk", "update_weights_from_tensor")
+WEIGHT_OPS = ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed")
 
 
 class WeightsModel:
@@ -72,6 +72,11 @@ class WeightsControl(Actor):
         a subset allowed): the same two phases, only the read differs."""
         rec = self._new("update_weights_from_disk" if isinstance(msg, UpdateWeightsFromDisk)
                         else "update_weights_from_tensor")
+        return self._begin_update(rec, msg)
+
+    def _begin_update(self, rec: Any, msg: Any) -> Any:
+        """Phase one for any update message (`weights_distributed` adds one): refused unless the
+        weights serve and the server can reach a barrier; else read off the loop."""
         if self.weights.state is not WeightsState.serving:
             return self._end(rec, ControlResult(False, f"cannot update the weights while they are "
                                                        f"{self.weights.state.name}"))
@@ -89,20 +94,22 @@ class WeightsControl(Actor):
         self._read_off_loop(rec, msg)
         return rec.reply
 
+    def _read_update(self, engine: Any, msg: Any) -> dict[str, Any]:
+        """On a worker thread: the update's tensors by name, checked against the served model."""
+        from ..engine import refit, refit_tensors
+        if isinstance(msg, UpdateWeightsFromTensor):
+            return refit_tensors.read_tensors_checked(engine, msg.blobs, msg.load_format)
+        return refit.read_checked(engine, msg.model_path, msg.load_format)
+
     def _read_off_loop(self, rec: Any, msg: UpdateWeightsFromDisk | UpdateWeightsFromTensor) -> None:
         """Phase one: read and check the folder (or the sent tensors) on a worker thread (not
         the step thread: steps go on meanwhile); the outcome comes back as `WeightsRead`."""
-        from ..engine import refit, refit_tensors
         assert self.system is not None
         engine, rid = self.scheduler.engine, rec.rid
 
         def read() -> tuple[Any, float]:
             t0 = time.perf_counter()
-            if isinstance(msg, UpdateWeightsFromTensor):
-                tensors = refit_tensors.read_tensors_checked(engine, msg.blobs, msg.load_format)
-            else:
-                tensors = refit.read_checked(engine, msg.model_path, msg.load_format)
-            return tensors, time.perf_counter() - t0
+            return self._read_update(engine, msg), time.perf_counter() - t0
 
         def wrap(res: Any, err: BaseException | None) -> WeightsRead:
             """The read came back (on the loop, outside any turn): an input, on the recording."""

@@ -30,7 +30,7 @@ from .. import __version__
 from ..statemachines import LIFECYCLES
 from . import (
     cohere_routes, control_routes, debug_routes, health_routes, native_routes, openai_routes, responses_routes,
-    pooling_routes, profile_routes, vllm_control_routes, weights_routes,
+    pooling_routes, profile_routes, vllm_control_routes, weights_dist_routes, weights_routes,
 )
 from .cohere_schemas import CohereEmbedRequest, CohereRerankRequest
 from .responses_schemas import InputItemsQuery, ResponsePath, ResponsesRequest, RetrieveQuery
@@ -42,6 +42,7 @@ from .schemas import ChatCompletionRequest, CompletionRequest
 from .state import CTX
 from . import classify_routes, reasoning_routes, score_routes, tokenize_routes, vllm_routes
 from .reasoning_routes import SeparateReasoningRequest
+from .weights_dist_routes import DestroyGroupBody, InitGroupBody, UpdateDistributedBody
 from .weights_routes import UpdateFromDiskBody, UpdateFromTensorBody, UpdateVersionBody, WeightsByNameBody
 from .tokenize_routes import DetokenizeRequest, TokenizeRequest
 
@@ -165,6 +166,13 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
                                                 UpdateFromDiskBody),
     weights_routes.update_weights_from_tensor: Op("Update some or all weights from safetensors bytes, or "
                                                   "SGLang's shared-memory forms from this host", UpdateFromTensorBody),
+    weights_dist_routes.init_weights_update_group: Op("Join a trainer's torch.distributed group (gloo) as rank "
+                                                      "rank_offset (SGLang)", InitGroupBody),
+    weights_dist_routes.update_weights_from_distributed: Op("Receive named tensors broadcast by the trainer, "
+                                                            "then load them at a step barrier (SGLang)",
+                                                            UpdateDistributedBody),
+    weights_dist_routes.destroy_weights_update_group: Op("Leave and free the weight update group (SGLang)",
+                                                         DestroyGroupBody),
     weights_routes.update_weight_version: Op("Relabel the served weights' version (SGLang)", UpdateVersionBody),
     weights_routes.get_weight_version: Op("The served weights' version"),
     weights_routes.get_weights_by_name: Op("One parameter's values, first dimension truncated (SGLang)",
