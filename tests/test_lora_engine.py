@@ -285,6 +285,15 @@ def test_bad_folders_are_refused_with_the_reason(tiny, tmp_path):
     assert ref.slot == 0 and eng.lora.adapter("good").modules == ("q_proj",)
 
 
+def test_the_runtime_never_imports_peft():
+    import subprocess
+    import sys
+
+    code = ("import sys, actorserve.engine.lora, actorserve.engine.runner, actorserve.engine.models; "
+            "assert 'peft' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_the_hf_fallback_serves_no_adapter(tiny):
     from actorserve.engine.runner import build_engine
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -335,15 +344,23 @@ def _smol_engine(root, **load_kw):
 def test_smollm2_adapters_decode_as_pefts_merged_model_fp32(smol, quantization):
     root, merged, prompts, clean = smol
     d = _smol_engine(root, quantization=quantization)
+    fused: list[bool] = []
     if quantization:
         assert d.engine.fused is not None                 # base-only decode steps stay fused
+        run = d.engine.fused.run
+        d.engine.fused.run = lambda *a: (fused.append(run(*a)), fused[-1])[1]
     want = {name: [hf_greedy(merged[name], p, 12) for p in prompts] for name in merged}
     assert want["attn"] != want["mlp"]
     for name in merged:
         assert d.run([new(d, f"{name}{i}", p, name) for i, p in enumerate(prompts)], 12) == want[name], name
+    assert fused == []                                    # adapter steps: the glued loop, never fused
     # and mixed: the base and both adapters in the same steps
     seqs = [new(d, "base", prompts[0], None), new(d, "x", prompts[0], "attn"), new(d, "y", prompts[1], "mlp")]
     assert d.run(seqs, 12) == [hf_greedy(clean, prompts[0], 12), want["attn"][0], want["mlp"][1]]
+    if quantization:
+        assert fused == []
+        d.run([new(d, "base_alone", prompts[2], None)], 3)
+        assert fused[-2:] == [True, True]                 # the base alone: its decode steps fused
 
 
 @pytest.mark.model
