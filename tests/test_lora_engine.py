@@ -104,7 +104,7 @@ def new(d: Driver, rid: str, prompt: list[int], adapter: str | None) -> Sequence
 def test_an_adapter_is_read_as_peft_saved_it(tiny):
     base, root, _ = tiny
     eng = PagedLlamaRunner(copy.deepcopy(base), num_blocks=8, block_size=4)
-    ad = read_adapter("qv_rs", root / "qv_rs", eng.lora.shapes, max_rank=64, dtype=torch.float32)
+    ad = read_adapter("qv_rs", root / "qv_rs", eng.lora.shapes, max_rank=64)
     assert (ad.rank, ad.alpha, ad.modules) == (4, 8.0, ("q_proj", "v_proj"))
     assert ad.scaling == pytest.approx(8 / 2)                    # rsLoRA: alpha / sqrt(r)
     assert sorted(ad.weights) == [(li, m) for li in (0, 1) for m in ("q_proj", "v_proj")]
@@ -114,9 +114,9 @@ def test_an_adapter_is_read_as_peft_saved_it(tiny):
     assert torch.equal(a, saved["base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight"])
     assert torch.allclose(b, saved["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"] * 4.0)
     assert a.shape == (4, 64) and b.shape == (16, 4) and b.abs().sum() > 0      # GQA: v is 2 heads
-    other = read_adapter("same", root / "qv_rs", eng.lora.shapes, max_rank=64, dtype=torch.bfloat16)
-    assert other.key == ad.key and other.weights[(0, "q_proj")][0].dtype == torch.bfloat16
-    assert read_adapter("x", root / "all", eng.lora.shapes, max_rank=64, dtype=torch.float32).key != ad.key
+    other = read_adapter("same", root / "qv_rs", eng.lora.shapes, max_rank=64)
+    assert other.key == ad.key and other.weights[(0, "q_proj")][0].dtype == torch.float32
+    assert read_adapter("x", root / "all", eng.lora.shapes, max_rank=64).key != ad.key
 
 
 # -- greedy output against PEFT's merged model ---------------------------------------------------

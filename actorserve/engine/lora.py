@@ -11,7 +11,8 @@ and what PEFT can save but this engine does not compute (DoRA, biases, ``modules
 per-module rank or alpha patterns, fan-in-fan-out weights, pickled ``.bin`` weights) is
 refused. A bad folder raises `LoraFolderError` (a `LoraError`, a ``ValueError``) naming the
 folder and what is wrong. The scaling is ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with
-rsLoRA), folded into B; A and B are held in the model's dtype.
+rsLoRA), folded into B; A and B are held in float32 (the step computes its small products in
+float32 whatever the model's dtype, `lora_step`).
 
 Slots. `LoraSlots` (the paged runner's ``runner.lora``) holds at most ``max_loaded``
 adapters, each in a slot, under a unique name. The interface the adapter lifecycle uses:
@@ -31,7 +32,9 @@ adapters, each in a slot, under a unique name. The interface the adapter lifecyc
 
 A step (`lora_step.LoraStep`, made by ``slots.step(batch, plan)``) checks that each member's
 `LoraRef` is still the adapter in its slot (same uid): a sequence whose adapter was unloaded
-fails its step loudly instead of running under another adapter or the base.
+fails its step loudly instead of running under another adapter or the base. The adapters of a
+step are laid side by side once per set of adapters (`lora_step.Combo`; the last
+`COMBO_CACHE` sets are kept, dropped when one of theirs is unloaded).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from typing import Any
 
 import torch
 
-from .lora_step import LoraStep
+from .lora_step import Combo, LoraStep
 from .paged_attention import StepPlan
 from .sequence import LoraRef, Sequence
 
@@ -63,6 +66,7 @@ SUPPORTED_MODULES = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "se
                      "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.([a-z_]+)\.lora_([AB])(?:\.default)?\.weight$")
 _uids = itertools.count(1)
+COMBO_CACHE = 4         # sets of adapters laid out for steps, kept (most recent first)
 
 
 class LoraError(ValueError):
@@ -88,7 +92,7 @@ class LoraNotLoaded(LoraError):
 @dataclass(slots=True)
 class LoraAdapter:
     """One adapter as the step reads it: per (layer, module) its A ``[r, in]`` and B ``[out, r]``
-    (B already multiplied by `scaling`), in the model's dtype."""
+    (B already multiplied by `scaling`), float32."""
 
     name: str
     path: str
@@ -147,7 +151,7 @@ def _config(folder: Path, bad: Any) -> dict[str, Any]:
 
 
 def read_adapter(name: str, path: str | Path, shapes: dict[tuple[int, str], tuple[int, int]], *,
-                 max_rank: int, dtype: torch.dtype) -> LoraAdapter:
+                 max_rank: int) -> LoraAdapter:
     """Read and check the PEFT folder at `path` against the model's linears `shapes`
     (`model_shapes`); see the module docstring. Raises `LoraFolderError`."""
     from safetensors import SafetensorError
@@ -209,8 +213,8 @@ def read_adapter(name: str, path: str | Path, shapes: dict[tuple[int, str], tupl
                       f"linear's [{out_f}, {in_f}] (another base model's adapter?)")
         if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
             raise bad(f"{where}: weights that are not finite")
-        A = a.to(dtype).contiguous()
-        B = (b.float() * scaling).to(dtype).contiguous()
+        A = a.float().contiguous()
+        B = (b.float() * scaling).contiguous()
         weights[(li, mod)] = (A, B)
         nbytes += A.numel() * A.element_size() + B.numel() * B.element_size()
     modules = tuple(m for m in SUPPORTED_MODULES if any(k[1] == m for k in weights))
@@ -226,16 +230,16 @@ def read_adapter(name: str, path: str | Path, shapes: dict[tuple[int, str], tupl
 class LoraSlots:
     """The loaded adapters, in at most `max_loaded` slots (see the module docstring)."""
 
-    def __init__(self, layers: list[Any], dtype: torch.dtype, *, max_loaded: int, max_rank: int) -> None:
+    def __init__(self, layers: list[Any], *, max_loaded: int, max_rank: int) -> None:
         if max_loaded < 0 or max_rank < 1:
             raise ValueError("max_loaded_loras must be >= 0 and max_lora_rank >= 1")
         self.max_loaded = int(max_loaded)
         self.max_rank = int(max_rank)
-        self.dtype = dtype
         self.shapes = model_shapes(layers)
         self._slots: list[tuple[LoraRef, LoraAdapter] | None] = [None] * self.max_loaded
         self._by_name: dict[str, int] = {}
         self._holds: dict[int, int] = {}          # uid -> sequences holding it
+        self._combos: dict[tuple[int, ...], Combo] = {}   # uids -> their layout, most recent last
         self._lock = threading.Lock()
 
     # -- lifecycle interface -----------------------------------------------------------------
@@ -246,7 +250,7 @@ class LoraSlots:
             raise LoraSlotsFull("LoRA adapters are off: this engine has no adapter slots (max_loaded_loras=0)")
         with self._lock:
             self._check_room(name)
-        adapter = read_adapter(name, path, self.shapes, max_rank=self.max_rank, dtype=self.dtype)
+        adapter = read_adapter(name, path, self.shapes, max_rank=self.max_rank)
         with self._lock:
             slot = self._check_room(name)
             ref = LoraRef(name, slot, next(_uids), adapter.key)
@@ -271,6 +275,7 @@ class LoraSlots:
             self._slots[ref.slot] = None
             del self._by_name[name]
             self._holds.pop(ref.uid, None)
+            self._combos = {k: c for k, c in self._combos.items() if ref.uid not in k}
             return ref
 
     def acquire(self, name: str) -> LoraRef:
@@ -322,5 +327,24 @@ class LoraSlots:
         """The step's adapter segments, or None when every member runs on the base model."""
         if all(seq.lora is None for seq, _ in batch):
             return None
-        return LoraStep.of([(None if seq.lora is None else self.resolve(seq.lora), n, last)
-                            for (seq, n), last in zip(batch, plan.last_rows)])
+        uid_of: dict[int, int] = {}
+        members = []
+        for (seq, n), last in zip(batch, plan.last_rows):
+            ad = None
+            if seq.lora is not None:
+                ad = self.resolve(seq.lora)
+                uid_of[id(ad)] = seq.lora.uid
+            members.append((ad, n, last))
+        adapters, runs = LoraStep.plan(members)
+        if not runs:
+            return None
+        key = tuple(uid_of[id(ad)] for ad in adapters)
+        with self._lock:
+            combo = self._combos.pop(key, None)
+        if combo is None:
+            combo = Combo(adapters)
+        with self._lock:
+            self._combos[key] = combo               # most recent last
+            while len(self._combos) > COMBO_CACHE:
+                del self._combos[next(iter(self._combos))]
+        return LoraStep.of(combo, runs, plan.num_tokens)

@@ -191,7 +191,7 @@ class PagedLlamaRunner(_SamplingRunner):
         self.fused = (FusedStep(self, quant_lib(), self.decode_kernel._fn)
                       if self.glue is not None and FusedStep.supports(self) else None)
         # LoRA adapters in slots (`lora`): a step with any adapter member adds their deltas
-        self.lora = LoraSlots(self.layers, self.dtype, max_loaded=max_loaded_loras, max_rank=max_lora_rank)
+        self.lora = LoraSlots(self.layers, max_loaded=max_loaded_loras, max_rank=max_lora_rank)
 
     def release(self, seq: Sequence) -> None:
         """Give back the sequence's row of the int32 block tables."""
