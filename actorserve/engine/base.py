@@ -14,6 +14,7 @@ neither (``token_id is None and pooled is None``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from .sequence import Sequence
@@ -81,3 +82,37 @@ class Engine(Protocol):
     def release(self, seq: Sequence) -> None:
         """Forget per-sequence engine state (called once when the sequence leaves)."""
         ...
+
+
+def _eos_ids(model: Any, tokenizer: Any = None) -> tuple[int, ...]:
+    found: list[int] = []
+    sources = [getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+               getattr(model.config, "eos_token_id", None),
+               getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None]
+    for value in sources:
+        for tok in (value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(tok, int) and tok >= 0 and tok not in found:
+                found.append(tok)
+    return tuple(found)
+
+
+def engine_info(model: Any, *, num_blocks: int, block_size: int, tokenizer: Any = None,
+                model_name: str | None = None, max_model_len: int | None = None) -> EngineInfo:
+    """EngineInfo from the model's config. ``max_model_len`` is capped by the position
+    table, by a sliding window (attention here is full, so stay inside the window) and by
+    what the KV cache can hold."""
+    cfg = model.config
+    limit = getattr(cfg, "max_position_embeddings", None) or 2048
+    window = getattr(cfg, "sliding_window", None)
+    if window and getattr(cfg, "use_sliding_window", True):
+        limit = min(limit, int(window))
+    limit = min(limit, num_blocks * block_size)
+    if max_model_len:
+        limit = min(limit, int(max_model_len))
+    name = (model_name or getattr(model, "actorserve_name", None)
+            or Path(str(getattr(cfg, "_name_or_path", "") or "model")).name or "model")
+    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None \
+        else int(cfg.vocab_size)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return EngineInfo(model_name=name, block_size=block_size, num_blocks=num_blocks, max_model_len=limit,
+                      eos_token_ids=_eos_ids(model, tokenizer), vocab_size=int(vocab), dtype=dtype)

@@ -8,6 +8,11 @@ block matches only when the whole prefix before it matches too; sha256 makes an 
 collision practically impossible. Blocks whose reference count drops to zero keep their hash
 and sit in an LRU of evictable blocks; allocation takes plain free blocks first and then evicts
 the least recently used cached block.
+
+Adapters. A sequence under a LoRA adapter (`Sequence.lora`) computes other K/V than the base
+model for the same tokens, so its chain starts from the adapter's digest (``lora.key``) instead
+of the empty root: its blocks match only blocks computed under the same adapter weights, never
+the base's or another adapter's.
 """
 
 from __future__ import annotations
@@ -41,6 +46,13 @@ class KVStats(NamedTuple):
 
 def chain_hash(parent: bytes, tokens: list[int]) -> bytes:
     return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
+
+
+def chain_root(seq: Sequence) -> bytes:
+    """Where the sequence's chain of block hashes starts: b"" for the base model, the digest of
+    its adapter's weights under a LoRA adapter (see the module docstring)."""
+    lora = seq.lora
+    return b"" if lora is None else lora.key
 
 
 class BlockManager:
@@ -93,7 +105,7 @@ class BlockManager:
         if not self.enable_prefix_cache:
             return 0
         bs = self.block_size
-        parent = b""
+        parent = chain_root(seq)
         matched = 0
         limit = n_tokens - 1
         if seq.prompt_logprob_from is not None:
@@ -132,7 +144,7 @@ class BlockManager:
         full = seq.num_computed // self.block_size
         if full <= len(seq.block_hashes):
             return
-        parent = seq.block_hashes[-1] if seq.block_hashes else b""
+        parent = seq.block_hashes[-1] if seq.block_hashes else chain_root(seq)
         for i in range(len(seq.block_hashes), full):
             h = self._block_hash(seq, i, parent)
             block = seq.block_table[i]
@@ -154,13 +166,14 @@ class BlockManager:
         if (i + 1) * bs > len(prompt):
             return chain_hash(parent, seq.token_slice(i * bs, (i + 1) * bs))
         key = seq.prompt_hash_key
-        if key is None or key[0] != bs or key[1] is not prompt or key[2] != len(prompt):
+        root = chain_root(seq)
+        if key is None or key[0] != bs or key[1] is not prompt or key[2] != len(prompt) or key[3] != root:
             seq.prompt_hashes = []
-            seq.prompt_hash_key = (bs, prompt, len(prompt))
+            seq.prompt_hash_key = (bs, prompt, len(prompt), root)
         cache = seq.prompt_hashes
         while len(cache) <= i:
             j = len(cache)
-            cache.append(chain_hash(cache[-1] if cache else b"", prompt[j * bs:(j + 1) * bs]))
+            cache.append(chain_hash(cache[-1] if cache else root, prompt[j * bs:(j + 1) * bs]))
         return cache[i]
 
     def flush(self) -> int:

@@ -27,6 +27,7 @@ whose frequencies depend on the sequence length (``dynamic``, ``longrope``: Phi-
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,23 +88,29 @@ def supports_paged(model: Any) -> bool:
     return family_of(model) is not None
 
 
-def project_qkv(fam: Family, attn: Any, x: torch.Tensor, nh: int, nkv: int,
-                d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def project_qkv(fam: Family, attn: Any, x: torch.Tensor, nh: int, nkv: int, d: int,
+                lora: Callable[[str, torch.Tensor, torch.Tensor], None] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q ``[T, nh, d]``, k and v ``[T, nkv, d]`` of the normed hidden rows `x`, with the
-    family's per-head norms applied (before RoPE, as HF does)."""
+    family's per-head norms applied (before RoPE, as HF does). `lora` (a layer's hook,
+    `lora_step.LoraStep.layer`) adds the step's adapter deltas to each projection's output
+    before the norms (separate projections only: adapters of fused ones are refused at load)."""
     T = x.shape[0]
     if fam.fused_qkv:
         qkv = attn.qkv_proj(x)
         q = qkv[:, :nh * d].view(T, nh, d)
         k = qkv[:, nh * d:(nh + nkv) * d].view(T, nkv, d)
         v = qkv[:, (nh + nkv) * d:].view(T, nkv, d)
-    elif (group := getattr(attn, QKV_GROUP, None)) is not None:     # q4: one kernel call
-        q, k, v = group(x)
-        q, k, v = q.view(T, nh, d), k.view(T, nkv, d), v.view(T, nkv, d)
     else:
-        q = attn.q_proj(x).view(T, nh, d)
-        k = attn.k_proj(x).view(T, nkv, d)
-        v = attn.v_proj(x).view(T, nkv, d)
+        if (group := getattr(attn, QKV_GROUP, None)) is not None:     # q4: one kernel call
+            q, k, v = group(x)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        if lora is not None:
+            lora("q_proj", x, q)
+            lora("k_proj", x, k)
+            lora("v_proj", x, v)
+        q, k, v = q.view(T, nh, d), k.view(T, nkv, d), v.view(T, nkv, d)
     if fam.qk_norm:
         q = attn.q_norm(q)
         k = attn.k_norm(k)

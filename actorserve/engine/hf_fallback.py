@@ -41,6 +41,8 @@ class _Held:
 class HFFallbackRunner(_SamplingRunner):
     """Any causal LM through its plain HF forward with a per-sequence HF KV cache."""
 
+    lora = None                 # no LoRA adapters here (`engine.lora` needs the paged runner)
+
     def __init__(self, model: Any, *, num_blocks: int = 1024, block_size: int = 16,
                  sampler: Sampler | None = None, threads: int | None = None, tokenizer: Any = None,
                  model_name: str | None = None, max_model_len: int | None = None) -> None:
@@ -99,6 +101,8 @@ class HFFallbackRunner(_SamplingRunner):
         rows: list[torch.Tensor | None] = []
         logits: list[torch.Tensor] = []
         for i, (seq, n) in enumerate(batch):
+            if seq.lora is not None:
+                raise ValueError(f"{seq!r}: LoRA adapter {seq.lora.name!r} on an engine without adapters")
             if n <= 0:
                 continue
             end = seq.num_computed + n

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,13 +37,17 @@ import torch.nn.functional as F
 
 from . import glue as glue_mod
 from . import prompt_logprobs as prompt_lp
-from .base import EngineInfo, SeqOutput
+from .base import SeqOutput, engine_info
 from .block_tables import BlockTables
 from .decode_kernel import PARALLEL_MIN_ELEMENTS as ATTENTION_PARALLEL_MIN
 from .decode_kernel import load as load_decode_kernel
 from .families import PAGED_MODEL_TYPES, Family, apply_rope, family_of, project_qkv, supports_paged
 from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
 from .fused_step import FusedStep
+from .lora import LoraSlots
+from .lora_step import LayerHook, LoraStep
+from .lora_step import down as lora_down
+from .lora_step import mlp as lora_mlp
 from .quant import GATE_UP_GROUP, MAX_ROWS, step_pool
 from .quant import _Lib as quant_lib
 from .sequence import Sequence
@@ -86,40 +89,6 @@ class _SamplingRunner:
         if self._sampler is None:
             self._sampler = _default_sampler()
         return self._sampler
-
-
-def _eos_ids(model: Any, tokenizer: Any = None) -> tuple[int, ...]:
-    found: list[int] = []
-    sources = [getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-               getattr(model.config, "eos_token_id", None),
-               getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None]
-    for value in sources:
-        for tok in (value if isinstance(value, (list, tuple)) else [value]):
-            if isinstance(tok, int) and tok >= 0 and tok not in found:
-                found.append(tok)
-    return tuple(found)
-
-
-def engine_info(model: Any, *, num_blocks: int, block_size: int, tokenizer: Any = None,
-                model_name: str | None = None, max_model_len: int | None = None) -> EngineInfo:
-    """EngineInfo from the model's config. ``max_model_len`` is capped by the position
-    table, by a sliding window (attention here is full, so stay inside the window) and by
-    what the KV cache can hold."""
-    cfg = model.config
-    limit = getattr(cfg, "max_position_embeddings", None) or 2048
-    window = getattr(cfg, "sliding_window", None)
-    if window and getattr(cfg, "use_sliding_window", True):
-        limit = min(limit, int(window))
-    limit = min(limit, num_blocks * block_size)
-    if max_model_len:
-        limit = min(limit, int(max_model_len))
-    name = (model_name or getattr(model, "actorserve_name", None)
-            or Path(str(getattr(cfg, "_name_or_path", "") or "model")).name or "model")
-    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None \
-        else int(cfg.vocab_size)
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return EngineInfo(model_name=name, block_size=block_size, num_blocks=num_blocks, max_model_len=limit,
-                      eos_token_ids=_eos_ids(model, tokenizer), vocab_size=int(vocab), dtype=dtype)
 
 
 def _finish(outputs: list[SeqOutput], seqs: list[Sequence], where: list[int], hidden: torch.Tensor,
@@ -173,7 +142,8 @@ class PagedLlamaRunner(_SamplingRunner):
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int = 16, sampler: Sampler | None = None,
                  threads: int | None = None, tokenizer: Any = None, model_name: str | None = None,
-                 max_model_len: int | None = None, decode_attention: str | None = None) -> None:
+                 max_model_len: int | None = None, decode_attention: str | None = None,
+                 max_loaded_loras: int = 8, max_lora_rank: int = 64) -> None:
         family = family_of(model)
         if family is None:
             raise ValueError(f"{type(model).__name__} is not a model family the paged runner drives "
@@ -220,6 +190,8 @@ class PagedLlamaRunner(_SamplingRunner):
         # q4 decode steps of a Llama-shaped model: all the layers in one C call (`fused_step`)
         self.fused = (FusedStep(self, quant_lib(), self.decode_kernel._fn)
                       if self.glue is not None and FusedStep.supports(self) else None)
+        # LoRA adapters in slots (`lora`): a step with any adapter member adds their deltas
+        self.lora = LoraSlots(self.layers, max_loaded=max_loaded_loras, max_rank=max_lora_rank)
 
     def release(self, seq: Sequence) -> None:
         """Give back the sequence's row of the int32 block tables."""
@@ -243,46 +215,59 @@ class PagedLlamaRunner(_SamplingRunner):
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
 
-    def _mlp(self, mlp: Any, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, mlp: Any, x: torch.Tensor, lora: LayerHook | None = None) -> torch.Tensor:
         if not self._silu_mlp:
-            return mlp(x)
+            return mlp(x) if lora is None else lora_mlp(mlp, x, lora)
         group = getattr(mlp, GATE_UP_GROUP, None)            # q4: one kernel call for both
         if group is not None:
             g, u = group(x)
         else:
             g, u = mlp.gate_proj(x), mlp.up_proj(x)
+        if lora is not None:
+            lora("gate_proj", x, g)
+            lora("up_proj", x, u)
         F.silu(g, inplace=True)
-        return mlp.down_proj(g.mul_(u))
+        act = g.mul_(u)
+        return mlp.down_proj(act) if lora is None else lora_down(mlp, act, lora)
 
-    def _forward(self, plan: StepPlan) -> torch.Tensor:
-        """Run all layers over the flat batch; return the hidden states before the final norm."""
+    def _o_proj(self, attn: Any, x: torch.Tensor, lora: LayerHook | None) -> torch.Tensor:
+        y = attn.o_proj(x)
+        if lora is not None:
+            lora("o_proj", x, y)
+        return y
+
+    def _forward(self, plan: StepPlan, lora: LoraStep | None = None) -> torch.Tensor:
+        """Run all layers over the flat batch; return the hidden states before the final norm.
+        With `lora` (a step with adapter members) each targeted linear adds their deltas, and
+        the fused C step (which bypasses the modules) is not taken."""
         T, nh, nkv, d = plan.num_tokens, self.n_heads, self.n_kv, self.head_dim
         fam = self.family
         h = self.base.embed_tokens(plan.input_ids)
         cos, sin = self._rope(plan.positions, h)
         attn_out = self.kv.scratch("attn", (T, nh * d))
         if self.glue is not None and T <= MAX_ROWS:
-            if self.fused is not None and self.fused.run(plan, h, cos, sin):
+            if lora is None and self.fused is not None and self.fused.run(plan, h, cos, sin):
                 return h
-            return self._forward_glued(plan, h, cos, sin, attn_out)
+            return self._forward_glued(plan, h, cos, sin, attn_out, lora)
         for li, layer in enumerate(self.layers):
             a = layer.self_attn
+            lo = None if lora is None else lora.layer(li)
             x = layer.input_layernorm(h)
-            q, k, v = project_qkv(fam, a, x, nh, nkv, d)
+            q, k, v = project_qkv(fam, a, x, nh, nkv, d, lo)
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
             self.kv.write(li, plan.slots, k, v)
             paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap, self.decode_kernel)
             if fam.sandwich:                                 # Gemma2: norm each branch's output too
-                h.add_(layer.post_attention_layernorm(a.o_proj(attn_out)))
-                h.add_(layer.post_feedforward_layernorm(self._mlp(layer.mlp, layer.pre_feedforward_layernorm(h))))
+                h.add_(layer.post_attention_layernorm(self._o_proj(a, attn_out, lo)))
+                h.add_(layer.post_feedforward_layernorm(self._mlp(layer.mlp, layer.pre_feedforward_layernorm(h), lo)))
                 continue
-            h.add_(a.o_proj(attn_out))                       # h is this step's own tensor
-            h.add_(self._mlp(layer.mlp, layer.post_attention_layernorm(h)))
+            h.add_(self._o_proj(a, attn_out, lo))            # h is this step's own tensor
+            h.add_(self._mlp(layer.mlp, layer.post_attention_layernorm(h), lo))
         return h
 
     def _forward_glued(self, plan: StepPlan, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                       attn_out: torch.Tensor) -> torch.Tensor:
+                       attn_out: torch.Tensor, lora: LoraStep | None = None) -> torch.Tensor:
         """`_forward` for a quantized step with the C glue: each residual add and the norm
         after it in one call, RoPE in place (the same arithmetic as HF's modules)."""
         glue, fam, layers = self.glue, self.family, self.layers
@@ -294,7 +279,8 @@ class PagedLlamaRunner(_SamplingRunner):
         glue.add_rmsnorm(h, None, layers[0].input_layernorm, x)
         for li, layer in enumerate(layers):
             a = layer.self_attn
-            q, k, v = project_qkv(fam, a, x, nh, nkv, d)
+            lo = None if lora is None else lora.layer(li)
+            q, k, v = project_qkv(fam, a, x, nh, nkv, d, lo)
             if not glue.rope(q, cos, sin):
                 q = apply_rope(q, cos, sin)
             if not glue.rope(k, cos, sin):
@@ -302,8 +288,8 @@ class PagedLlamaRunner(_SamplingRunner):
             self.kv.write(li, plan.slots, k, v)
             with self.step_pool.paused() if pause else contextlib.nullcontext():
                 paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap, self.decode_kernel)
-            glue.add_rmsnorm(h, a.o_proj(attn_out), layer.post_attention_layernorm, x)
-            m = self._mlp(layer.mlp, x)
+            glue.add_rmsnorm(h, self._o_proj(a, attn_out, lo), layer.post_attention_layernorm, x)
+            m = self._mlp(layer.mlp, x, lo)
             if li + 1 < len(layers):
                 glue.add_rmsnorm(h, m, layers[li + 1].input_layernorm, x)
             else:
@@ -316,13 +302,15 @@ class PagedLlamaRunner(_SamplingRunner):
         plan = plan_step(batch, self.tables, self.group, inplace=self.decode_kernel is not None)
         if plan.num_tokens == 0:
             return outputs
+        lora = self.lora.step(batch, plan)     # None: every member runs on the base model
         if self.step_pool is not None and plan.num_tokens <= MAX_ROWS:
             with self.step_pool, _torch_threads(1):
-                return self._run(plan, batch, outputs)
-        return self._run(plan, batch, outputs)
+                return self._run(plan, batch, outputs, lora)
+        return self._run(plan, batch, outputs, lora)
 
-    def _run(self, plan: StepPlan, batch: list[tuple[Sequence, int]], outputs: list[SeqOutput]) -> list[SeqOutput]:
-        h = self._forward(plan)
+    def _run(self, plan: StepPlan, batch: list[tuple[Sequence, int]], outputs: list[SeqOutput],
+             lora: LoraStep | None = None) -> list[SeqOutput]:
+        h = self._forward(plan, lora)
         owed = prompt_lp.owed_rows(batch, plan.last_rows)
         if owed:      # the prompt rows of sequences that asked for prompt logprobs
             prompt_lp.score_rows(owed, lambda a, b: self._logits(self.base.norm(h[a:b])))
@@ -387,12 +375,14 @@ def build_engine(model: Any, **kw: Any) -> PagedLlamaRunner | HFFallbackRunner:
     """The paged runner for Llama-family models, the HF fallback for anything else.
 
     Keyword arguments are those of the runners (``num_blocks``, ``block_size``, ``sampler``,
-    ``threads``, ``tokenizer``, ``model_name``, ``max_model_len``; ``decode_attention`` for
-    the paged runner only)."""
+    ``threads``, ``tokenizer``, ``model_name``, ``max_model_len``; ``decode_attention``,
+    ``max_loaded_loras`` and ``max_lora_rank`` for the paged runner only: the HF fallback
+    serves no adapters, its ``lora`` is None)."""
     if supports_paged(model):
         return PagedLlamaRunner(model, **kw)
     from .hf_fallback import HFFallbackRunner
-    kw.pop("decode_attention", None)
+    for key in ("decode_attention", "max_loaded_loras", "max_lora_rank"):
+        kw.pop(key, None)
     return HFFallbackRunner(model, **kw)
 
 

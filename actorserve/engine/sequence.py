@@ -9,9 +9,20 @@ after the step.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from .params import PoolingParams, SamplingParams
+
+
+class LoraRef(NamedTuple):
+    """A sequence's LoRA adapter (`engine.lora`): its name, the slot it sits in, the load it
+    is (``uid``, new for every load) and the digest of its weights (``key``, the prefix
+    cache's salt: `BlockManager` chains its block hashes from it)."""
+
+    name: str
+    slot: int
+    uid: int
+    key: bytes
 
 
 class Sequence:
@@ -20,7 +31,7 @@ class Sequence:
         "block_table", "block_hashes", "sampling", "pooling", "is_probe", "engine_state", "arrival",
         "grammar", "prompt_lp", "prompt_hashes", "prompt_hash_key",
         "penalty_state", "draft", "spec_index", "table_epoch", "priority", "order", "admitted",
-        "min_stop_ids", "thinking", "think_gate",
+        "min_stop_ids", "thinking", "think_gate", "lora",
     )
 
     def __init__(
@@ -33,6 +44,7 @@ class Sequence:
         is_probe: bool = False,
         arrival: float = 0.0,
         priority: int = 0,
+        lora: LoraRef | None = None,
     ) -> None:
         self.rid = rid
         self.kind = "pool" if pooling is not None else "generate"
@@ -45,9 +57,10 @@ class Sequence:
         self.block_hashes: list[bytes] = []  # chain hashes of the full blocks registered so far
         # Chain hashes of the prompt's full blocks, computed once and kept (by the BlockManager:
         # a sequence waiting for memory retries its match every step, a retracted one is matched
-        # again), with what they were computed for: (block size, the prompt list, its length).
+        # again), with what they were computed for: (block size, the prompt list, its length,
+        # the chain's root: b"" or the adapter's key).
         self.prompt_hashes: list[bytes] = []
-        self.prompt_hash_key: tuple[int, list[int], int] | None = None
+        self.prompt_hash_key: tuple[int, list[int], int, bytes] | None = None
         self.sampling = sampling if sampling is not None else SamplingParams()
         self.pooling = pooling
         self.is_probe = is_probe
@@ -81,6 +94,10 @@ class Sequence:
         # the sampler while fewer than `sampling.min_tokens` are out (set by whoever knows the
         # model's EOS: the runtime at submission).
         self.min_stop_ids: tuple[int, ...] = ()
+        # The LoRA adapter it runs under (None: the base model), held from submission to its
+        # end (`engine.lora.LoraSlots.acquire`); its rows get the adapter's deltas and its KV
+        # is cached apart from the base's and every other adapter's.
+        self.lora = lora
 
     def stop_ids_masked(self) -> tuple[int, ...]:
         """The ids the sampler must not draw at this step (`min_stop_ids` until min_tokens)."""

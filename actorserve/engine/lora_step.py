@@ -1,0 +1,149 @@
+"""One step's LoRA deltas: the grouped low-rank products of a mixed batch.
+
+Layout. The adapters a step uses form a `Combo` (built once per set of adapters and cached by
+`lora.LoraSlots`): for every targeted (layer, module) the adapters' A^T side by side,
+``[in, R]``, and their B^T stacked, ``[R, out]``, R the sum of their ranks, each adapter at
+the same columns in every module (zeros where it does not target that module). The step's
+adapter rows (its members' rows are contiguous; the base model's rows are left out) get a
+mask ``[rows, R]`` that keeps only their own adapter's columns, so each targeted linear costs
+two products whatever the number of adapters:
+
+    ``y[rows] += ((x[rows] @ A^T) * mask) @ B^T``      (B holds the scaling, `lora.read_adapter`)
+
+With one adapter in the step the mask is all ones and skipped. The runner calls the step at
+each targeted linear, after the linear's own forward (HF's ``F.linear``, the oneDNN-packed
+weight, the q4 kernel or a q4 group's concatenated product, whose split outputs are views of
+one tensor), in place. The products are float32 whatever the model's dtype, the delta rounded
+once into it on the add (bf16 products this small cost 4-9 times float32's on CPUs without
+AMX). The base rows are never written. Prefill chunks, decode rows and speculative verify rows
+are all just rows, so every kind of step takes the same path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .lora import LoraAdapter
+
+LayerHook = Callable[[str, torch.Tensor, torch.Tensor], None]
+
+
+class Combo:
+    """Adapters laid side by side (see the module docstring): `cols[i]` is adapter i's column
+    range, `weights[(layer, module)]` the (A^T ``[in, R]``, B^T ``[R, out]``) float32 pair."""
+
+    __slots__ = ("adapters", "cols", "rank", "weights", "layers")
+
+    def __init__(self, adapters: list[LoraAdapter]) -> None:
+        self.adapters = adapters
+        self.cols: list[tuple[int, int]] = []
+        at = 0
+        for ad in adapters:
+            self.cols.append((at, at + ad.rank))
+            at += ad.rank
+        self.rank = at
+        keys = sorted(set().union(*(ad.weights for ad in adapters)))
+        self.weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        for key in keys:
+            a_parts, b_parts = [], []
+            for ad in adapters:
+                w = ad.weights.get(key)
+                if w is None:
+                    shape = next(x.weights[key] for x in adapters if key in x.weights)
+                    a_parts.append(torch.zeros(shape[0].shape[1], ad.rank))
+                    b_parts.append(torch.zeros(ad.rank, shape[1].shape[0]))
+                else:
+                    a_parts.append(w[0].t())
+                    b_parts.append(w[1].t())
+            self.weights[key] = (torch.cat(a_parts, 1).contiguous(), torch.cat(b_parts, 0).contiguous())
+        self.layers = frozenset(li for li, _ in keys)
+
+
+class LoraStep:
+    """One step's adapter rows, their mask and the `Combo` (see the module docstring)."""
+
+    __slots__ = ("combo", "rows", "mask")
+
+    def __init__(self, combo: Combo, rows: slice | torch.Tensor, mask: torch.Tensor | None) -> None:
+        self.combo, self.rows, self.mask = combo, rows, mask
+
+    @staticmethod
+    def plan(members: list[tuple[LoraAdapter | None, int, int]]) -> tuple[list[LoraAdapter], list[tuple[int, int, int]]]:
+        """From each member's (adapter or None, rows it computes, its last flat row): the
+        adapters in order of first use, and each adapter member's (adapter index, first row, n)."""
+        order: dict[int, int] = {}
+        adapters: list[LoraAdapter] = []
+        runs: list[tuple[int, int, int]] = []
+        for ad, n, last in members:
+            if ad is None or n <= 0:
+                continue
+            if id(ad) not in order:
+                order[id(ad)] = len(adapters)
+                adapters.append(ad)
+            runs.append((order[id(ad)], last - n + 1, n))
+        return adapters, runs
+
+    @classmethod
+    def of(cls, combo: Combo, runs: list[tuple[int, int, int]], total_rows: int) -> LoraStep:
+        """`runs` from `plan` (at least one), `combo` of its adapters."""
+        count = sum(n for _, _, n in runs)
+        first = runs[0][1]
+        if count == total_rows:
+            rows: slice | torch.Tensor = slice(None)
+        elif runs[-1][1] + runs[-1][2] - first == count:     # ascending, so one run of rows
+            rows = slice(first, first + count)
+        else:
+            rows = torch.cat([torch.arange(r, r + n) for _, r, n in runs])
+        mask = None
+        if len(combo.adapters) > 1:
+            mask = torch.zeros(count, combo.rank)
+            at = 0
+            for i, _, n in runs:
+                c0, c1 = combo.cols[i]
+                mask[at:at + n, c0:c1] = 1.0
+                at += n
+        return cls(combo, rows, mask)
+
+    def layer(self, li: int) -> LayerHook | None:
+        """The hook of layer `li` (None when no adapter of the step targets it)."""
+        if li not in self.combo.layers:
+            return None
+        return lambda name, x, y: self.add(li, name, x, y)
+
+    def add(self, li: int, name: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        """``y[rows] += ((x[rows] @ A^T) * mask) @ B^T`` where the step's adapters target
+        (`li`, `name`); `x` ``[T, in]``, `y` ``[T, out]`` (any row stride)."""
+        w = self.combo.weights.get((li, name))
+        if w is None:
+            return
+        at, bt = w
+        rows = self.rows
+        xs = x[rows] if isinstance(rows, slice) else x.index_select(0, rows)
+        xa = torch.mm(xs.float() if xs.dtype != torch.float32 else xs, at)
+        if self.mask is not None:
+            xa.mul_(self.mask)
+        delta = torch.mm(xa, bt)
+        if isinstance(rows, slice):
+            y[rows].add_(delta)
+        else:
+            y.index_add_(0, rows, delta.to(y.dtype))
+
+
+def mlp(module: Any, x: torch.Tensor, hook: LayerHook) -> torch.Tensor:
+    """A gated MLP's forward, ``down(act(gate(x)) * up(x))`` as HF's Llama/Gemma MLP modules
+    compute it, with the layer's LoRA deltas after each of its three linears."""
+    g = module.gate_proj(x)
+    hook("gate_proj", x, g)
+    u = module.up_proj(x)
+    hook("up_proj", x, u)
+    return down(module, module.act_fn(g) * u, hook)
+
+
+def down(module: Any, act: torch.Tensor, hook: LayerHook) -> torch.Tensor:
+    y = module.down_proj(act)
+    hook("down_proj", act, y)
+    return y
