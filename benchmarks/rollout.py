@@ -129,6 +129,9 @@ class Bench:
         self.combos = [c for c in COMBOS if c[1] in args.sources]
         self.trainer: asyncio.subprocess.Process | None = None
         self.gloo_join_s: float | None = None
+        self.updating = False                 # between an update's pause call and its continue's answer
+        self.gaps: list[float] = []           # a stream's gaps between chunks with tokens, outside updates
+        self.spanning = 0                     # responses whose tokens came from two or more versions
 
     async def trainer_ask(self, **cmd: Any) -> dict[str, Any]:
         assert self.trainer is not None and self.trainer.stdin is not None and self.trainer.stdout is not None
@@ -174,9 +177,19 @@ class Bench:
     def version_at(self, t: float) -> int:
         return max(v for ta, v in self.answered if ta <= t)
 
-    def saw_tokens(self, t: float, n: int, version: Any) -> None:
+    def saw_tokens(self, t: float, n: int, version: Any, spans: list[dict[str, Any]] | None = None,
+                   first: int = 0) -> None:
+        """`n` new tokens (output positions ``first`` on) arrived at `t`: stale when made by
+        weights older than the last update answered before they arrived. With the per-token
+        spans (`meta_info.weight_versions`) each token is judged by its own version."""
         self.tokens += n
-        if int(version) < self.version_at(t):
+        now = self.version_at(t)
+        if spans:
+            for sp in spans:
+                lo, hi = max(first, int(sp["start"])), min(first + n, int(sp["end"]))
+                if hi > lo and int(sp["version"]) < now:
+                    self.stale += hi - lo
+        elif int(version) < now:
             self.stale += n
         f = self.waiting_first
         if f is not None and not f.done():
@@ -193,7 +206,7 @@ class Bench:
             if r.status != 200:
                 raise RuntimeError(f"/generate {r.status}: {await r.text()}")
             if self.args.stream:
-                seen = 0
+                seen, t_prev = 0, None
                 async for raw in r.content:
                     line = raw.strip()
                     if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -201,8 +214,13 @@ class Bench:
                     last = json.loads(line[6:])
                     n = len(last["output_ids"]) - seen
                     if n > 0:
+                        now = time.perf_counter()
+                        if t_prev is not None and not self.updating and now - t_prev < 5:
+                            self.gaps.append(now - t_prev)
+                        t_prev = None if self.updating else now
+                        meta = last["meta_info"]
+                        self.saw_tokens(now, n, meta["weight_version"], meta.get("weight_versions"), seen)
                         seen += n
-                        self.saw_tokens(time.perf_counter(), n, last["meta_info"]["weight_version"])
             else:
                 last = await r.json()
                 n = len(last["output_ids"])
@@ -216,6 +234,8 @@ class Bench:
         out = list(last["output_ids"])
         meta = last["meta_info"]
         self.versions_seen.add(str(meta["weight_version"]))
+        if len({sp["version"] for sp in meta.get("weight_versions") or [] if sp["end"] > sp["start"]}) > 1:
+            self.spanning += 1
         finish = (meta.get("finish_reason") or {}).get("type", "none")
         if finish == "abort" and self.stop:
             self.aborted_at_end += 1       # the benchmark's own abort_all at the end, not an update's
@@ -267,6 +287,7 @@ class Bench:
                 raise RuntimeError(msg)
             return dt
 
+        self.updating = True
         rec["pause"] = await must("/pause_generation", {})
         if seq == "slime":
             tries, t0 = 0, time.perf_counter()
@@ -300,11 +321,13 @@ class Bench:
             shown = {k: (v if k != "serialized_named_tensors" else f"<{len(v)} blobs>") for k, v in body.items()}
             self.errors.append(f"{seq}/{source} {route} {json.dumps(shown)} -> {status} {json.dumps(ans)[:500]}")
             await must("/continue_generation", {})
+            self.updating = False
             raise RuntimeError(self.errors[-1])
         self.answered.append((time.perf_counter(), version))
         rec["update"] = dt
         self.waiting_first = asyncio.get_running_loop().create_future()
         rec["continue"] = await must("/continue_generation", {})
+        self.updating = False
         t_cont = time.perf_counter()
         try:
             t_first = await asyncio.wait_for(asyncio.shield(self.waiting_first), 30)
@@ -329,6 +352,8 @@ class Bench:
                     await asyncio.sleep(min(a.every, max(0.0, t_end - time.perf_counter())))
                     if time.perf_counter() >= t_end - 1e-3:
                         break
+                    if a.rollouts_total and self.completed >= a.rollouts_total:
+                        break
                     for w in workers:
                         if w.done() and w.exception() is not None:
                             raise w.exception()
@@ -348,7 +373,15 @@ class Bench:
             for r in res:
                 if isinstance(r, BaseException):
                     self.errors.append(f"rollout worker: {r!r}")
+            live = await self.live_requests(http)
         out: dict[str, Any] = {}
+        pauses = [r["pause"] for recs in per.values() for r in recs if "pause" in r]
+        step_p99 = pct(self.gaps, 0.99) if self.gaps else None
+        pause_p99 = pct(pauses, 0.99) if pauses else None
+        out["step_gap_p50_ms"] = round(pct(self.gaps, 0.5) * 1e3, 2) if self.gaps else None
+        out["step_gap_p99_ms"] = round(step_p99 * 1e3, 2) if step_p99 else None
+        out["pause_p99_ms"] = round(pause_p99 * 1e3, 2) if pause_p99 else None
+        out["pause_p99_over_step_p99"] = round(pause_p99 / step_p99, 3) if pause_p99 and step_p99 else None
         for kind, recs in per.items():
             d: dict[str, Any] = {"updates": len(recs)}
             for key in ("pause", "flush", "update", "continue", "continue_to_first_token"):
@@ -366,8 +399,23 @@ class Bench:
                     "aborted_at_end": self.aborted_at_end,
                     "gloo_join_ms": None if self.gloo_join_s is None else round(self.gloo_join_s * 1e3, 2),
                     "final_weight_version": self.answered[-1][1],
-                    "versions_seen": sorted(self.versions_seen, key=int), "errors": self.errors})
+                    "versions_seen": sorted(self.versions_seen, key=int),
+                    "responses_spanning_versions": self.spanning, "live_requests_after": live,
+                    "errors": self.errors})
         return out
+
+    async def live_requests(self, http: aiohttp.ClientSession) -> float | None:
+        """Requests the server still runs or queues once every rollout has ended (must be 0);
+        read from `/metrics` after the server has had its turn to end the last aborts."""
+        for _ in range(100):
+            async with http.get(self.url + "/metrics") as r:
+                text = await r.text()
+            live = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith(("sglang:num_running_reqs", "sglang:num_queue_reqs")))
+            if live == 0:
+                return 0
+            await asyncio.sleep(0.1)
+        return live
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,7 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="tiny", help="tiny (default) or default (SmolLM2-135M)")
     p.add_argument("--rollouts", type=int, default=8)
     p.add_argument("--every", type=float, default=4.0, help="seconds between weight updates")
-    p.add_argument("--duration", type=float, default=20.0)
+    p.add_argument("--duration", type=float, default=20.0, help="seconds (a cap with --rollouts-total)")
+    p.add_argument("--rollouts-total", type=int, default=0,
+                   help="stop once this many rollouts have completed (the soak: 1000)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--no-stream", dest="stream", action="store_false")
     p.add_argument("--bucket-mb", type=float, default=16.0, help="tensor source: bucket size")
