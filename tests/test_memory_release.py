@@ -17,6 +17,7 @@ from actorserve.engine import memory_release as mr
 from actorserve.replay.check import check
 
 from http_support import assert_error, load_tiny, settle
+from waiting import until
 from test_http_control import Stall, serve
 
 PROMPT = [5 + (i * 7) % 150 for i in range(40)]       # > two blocks of 16: a prefix-cache hit
@@ -98,7 +99,7 @@ async def test_release_frees_everything_queues_requests_and_resume_restores_the_
         assert_error(await r.json())
         # a request sent now queues and nothing steps; a health probe answers without stepping
         pending = asyncio.ensure_future(_ids(http))
-        await asyncio.wait_for(_until_seqs(rt), 10)
+        await until(lambda: rt.scheduler.seqs)
         await _steps_stay(rt, rec, pending)
         assert (await http.get("/health_generate")).status == 200
         body = await _post(http, "/resume_memory_occupation", {"tags": None})       # null: all
@@ -117,11 +118,6 @@ async def test_release_frees_everything_queues_requests_and_resume_restores_the_
         assert check(rec.events()).ok
 
 
-async def _until_seqs(rt):
-    while not rt.scheduler.seqs:
-        await asyncio.sleep(0.005)
-
-
 async def test_release_is_refused_while_a_request_holds_kv_and_allowed_after_a_retract_pause(tiny):
     async with serve(tiny) as (http, rt, rec):
         alone, _ = await _ids(http, max_new=4)
@@ -130,7 +126,7 @@ async def test_release_is_refused_while_a_request_holds_kv_and_allowed_after_a_r
         a = asyncio.ensure_future(_ids(http, max_new=4))
         assert await asyncio.to_thread(stall.started.wait, 10)        # its first step is held
         pause = asyncio.ensure_future(http.post("/pause_generation", json={"mode": "in_place"}))
-        await asyncio.wait_for(_until_state(rt, "pausing"), 10)
+        await until(lambda: rt.scheduler.state.name == "pausing")
         stall.release()
         assert (await pause).status == 200
         body = await _post(http, "/release_memory_occupation", {}, status=400)
@@ -145,7 +141,7 @@ async def test_release_is_refused_while_a_request_holds_kv_and_allowed_after_a_r
         b = asyncio.ensure_future(_ids(http, max_new=4))
         assert await asyncio.to_thread(stall.started.wait, 10)
         pause = asyncio.ensure_future(http.post("/pause_generation", json={"mode": "retract"}))
-        await asyncio.wait_for(_until_state(rt, "pausing"), 10)
+        await until(lambda: rt.scheduler.state.name == "pausing")
         stall.release()
         assert (await pause).status == 200
         await _post(http, "/release_memory_occupation", {})
@@ -159,11 +155,6 @@ async def test_release_is_refused_while_a_request_holds_kv_and_allowed_after_a_r
         assert _memory_events(rec, "kv_cache") == ["create", "release", "release_failed", "keep_resident",
                                                    "release", "released", "resume", "resumed"]
         assert check(rec.events()).ok
-
-
-async def _until_state(rt, name):
-    while rt.scheduler.state.name != name:
-        await asyncio.sleep(0.005)
 
 
 async def test_bad_tags_and_bodies_are_400s(tiny):
@@ -198,7 +189,7 @@ async def test_vllm_sleep_and_wake_up(tiny):
         assert await (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
         assert (await (await http.get("/is_paused")).json())["is_paused"] is True
         pending = asyncio.ensure_future(_ids(http))
-        await asyncio.wait_for(_until_seqs(rt), 10)
+        await until(lambda: rt.scheduler.seqs)
         assert (await http.post("/wake_up", params={"tags": "weights"})).status == 200
         assert await (await http.get("/is_sleeping")).json() == {"is_sleeping": True}    # the KV still out
         assert mr.memory_bytes(rt.engine)["kv_cache"] == 0 and mr.memory_bytes(rt.engine)["weights"] > 0
@@ -227,7 +218,7 @@ async def test_vllm_sleep_aborts_a_running_request_first(tiny):
         a = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=50)))
         assert await asyncio.to_thread(stall.started.wait, 10)
         sleep = asyncio.ensure_future(http.post("/sleep"))               # mode=abort, level 1
-        await asyncio.wait_for(_until_state(rt, "pausing"), 10)
+        await until(lambda: rt.scheduler.state.name == "pausing")
         stall.release()
         assert (await sleep).status == 200
         body = await (await a).json()
@@ -272,4 +263,63 @@ async def test_smollm2_verl_and_slime_sequences(smol, tmp_path):
         out, meta = await _ids(http, max_new=12)
         assert out == before and meta["weight_version"] == "2"
         await settle(rt)
+        assert check(rec.events()).ok
+
+
+async def test_the_spill_is_a_private_safetensors_file_and_a_failed_spill_frees_nothing(tiny, monkeypatch):
+    import json
+    import os
+    import struct
+
+    async with serve(tiny) as (http, rt, rec):
+        before, _ = await _ids(http)
+        held = mr.memory_bytes(rt.engine)["weights"]
+        packed = mr._packed_bytes(rt.engine.model)       # oneDNN's layout: packed again at the resume
+        await _post(http, "/release_memory_occupation", {"tags": ["weights"]})
+        spill = rt.scheduler._weights_held.spill
+        assert spill is not None and not os.path.exists(spill.name if isinstance(spill.name, str) else "")
+        fd = spill.fileno()
+        (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+        header = json.loads(os.pread(fd, n, 8))
+        entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        assert entries and all(v["dtype"] == "U8" for v in entries.values())
+        assert sum(v["shape"][0] for v in entries.values()) == held - packed    # every other byte
+        assert os.fstat(fd).st_size == 8 + n + held - packed
+        await _post(http, "/resume_memory_occupation", {"tags": ["weights"]})
+        assert rt.scheduler._weights_held is None and spill.closed
+        # a spill that cannot be written: nothing is freed, the weights serve on
+        def full(*a, **k):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(mr, "_write_spill", full)
+        body = await _post(http, "/release_memory_occupation", {"tags": ["weights"]}, status=400)
+        assert "No space left" in body["message"] and body["memory"]["weights"] == "resident"
+        assert mr.memory_bytes(rt.engine)["weights"] == held
+        assert (await _ids(http))[0] == before
+        await settle(rt)
+        assert _memory_events(rec, "weights") == ["create", "release", "released", "resume", "resumed",
+                                                  "release", "release_failed", "keep_resident"]
+        assert check(rec.events()).ok
+
+
+async def test_a_failed_wake_keeps_the_weights_discarded_and_can_be_retried(tiny):
+    from actorserve.http.state import CTX
+
+    async with serve(tiny) as (http, rt, rec):
+        before, _ = await _ids(http)
+        extra = http.server.app[CTX].extra
+        assert (await http.post("/sleep", params={"level": "2"})).status == 200
+        extra["model_path"] = "/no/such/model"
+        r = await http.post("/wake_up")
+        body = await r.json()
+        assert r.status == 400 and "/no/such/model" in body["error"]["message"], body
+        assert rt.control_actor.memory_snapshot() == {"kv_cache": "resident", "weights": "discarded"}
+        assert mr.memory_bytes(rt.engine)["weights"] == 0
+        assert await (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
+        del extra["model_path"]                       # the folder the model was loaded from
+        assert (await http.post("/wake_up", params={"tags": "weights"})).status == 200
+        assert (await (await http.get("/is_paused")).json())["is_paused"] is False
+        assert (await _ids(http))[0] == before
+        await settle(rt)
+        assert _memory_events(rec, "weights") == ["create", "release", "discarded", "resume", "resume_failed",
+                                                  "keep_discarded", "resume", "resumed"]
         assert check(rec.events()).ok
