@@ -73,13 +73,17 @@ ROUTES: dict[str, dict[str, Any]] = {
                                     "serialized_named_tensors": []},
     "/update_weight_version": {"new_version": "v1"},
     "/get_weights_by_name": {"name": "model.norm.weight", "truncate_size": 1},
+    "/release_memory_occupation": {"tags": ["kv_cache"]},          # released, then resumed
+    "/resume_memory_occupation": {"tags": ["kv_cache"]},
 }
-OPTIONAL_BODY = {"/pause_generation", "/continue_generation", "/flush_cache", "/open_session", "/start_profile"}
+OPTIONAL_BODY = {"/pause_generation", "/continue_generation", "/flush_cache", "/open_session", "/start_profile",
+                 "/release_memory_occupation", "/resume_memory_occupation"}
 # a probe, a liveness check, a stop, a cancel: the body is never read (-> what they answer here)
-# (vLLM's /pause, /resume and /reset_prefix_cache take query parameters only: paused, then resumed)
+# (vLLM's /pause, /resume, /reset_prefix_cache, /sleep and /wake_up take query parameters only:
+# paused, then resumed; asleep, then awake)
 IGNORES_BODY = {"/health_generate": 200, "/ping": 200, "/stop_profile": 400,
                 "/v1/responses/{response_id}/cancel": 404,
-                "/pause": 200, "/resume": 200, "/reset_prefix_cache": 200}
+                "/pause": 200, "/resume": 200, "/reset_prefix_cache": 200, "/sleep": 200, "/wake_up": 200}
 
 MULTIPART = (b'--xyz\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi\r\n--xyz--\r\n',
              "multipart/form-data; boundary=xyz")
