@@ -77,16 +77,20 @@ ROUTES: dict[str, dict[str, Any]] = {
                                    "world_size": 2, "backend": "gloo"},
     "/update_weights_from_distributed": {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]]},
     "/destroy_weights_update_group": {"group_name": "weight_update_group"},
+    "/release_memory_occupation": {"tags": ["kv_cache"]},          # released, then resumed
+    "/resume_memory_occupation": {"tags": ["kv_cache"]},
 }
 # well-formed, but no trainer listens and no group is open: a 400 {"success": false} from the
 # control actor (the routes with a trainer: test_weights_distributed)
 NO_TRAINER = {"/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group"}
-OPTIONAL_BODY = {"/pause_generation", "/continue_generation", "/flush_cache", "/open_session", "/start_profile"}
+OPTIONAL_BODY = {"/pause_generation", "/continue_generation", "/flush_cache", "/open_session", "/start_profile",
+                 "/release_memory_occupation", "/resume_memory_occupation"}
 # a probe, a liveness check, a stop, a cancel: the body is never read (-> what they answer here)
-# (vLLM's /pause, /resume and /reset_prefix_cache take query parameters only: paused, then resumed)
+# (vLLM's /pause, /resume, /reset_prefix_cache, /sleep and /wake_up take query parameters only:
+# paused, then resumed; asleep, then awake)
 IGNORES_BODY = {"/health_generate": 200, "/ping": 200, "/stop_profile": 400,
                 "/v1/responses/{response_id}/cancel": 404,
-                "/pause": 200, "/resume": 200, "/reset_prefix_cache": 200}
+                "/pause": 200, "/resume": 200, "/reset_prefix_cache": 200, "/sleep": 200, "/wake_up": 200}
 
 MULTIPART = (b'--xyz\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi\r\n--xyz--\r\n',
              "multipart/form-data; boundary=xyz")

@@ -9,7 +9,7 @@ disconnected, a health probe that timed out, a pooling request's caller that lef
 one is a recorded control request with its reason.
 
 The served weights are the WEIGHTS lifecycle, handled by the `WeightsControl` base
-(`weights_control`; a trainer's process group by `WeightsGroupControl`, `weights_distributed`). The control actor also owns the server's two orthogonal regions: the SERVER lifecycle
+(`weights_control`; a trainer's process group by `WeightsGroupControl`, `weights_distributed`); memory release and resume per tag the MEMORY lifecycle (`memory_control`). The control actor also owns the server's two orthogonal regions: the SERVER lifecycle
 (``starting -> serving <-> paused_<mode> -> draining -> stopped``) and the HEALTH lifecycle
 (``healthy <-> unhealthy``, moved by the watchdog's `HealthVerdict`). A paused server that
 stalls is ``paused_retract`` and ``unhealthy`` at once; nothing is re-fired when it recovers.
@@ -36,6 +36,7 @@ from ..statemachines import (
     PoolState, ServerState,
 )
 from .actor import Actor, handles
+from .memory_control import MEMORY_OPS, MemoryControl, memory_models
 from .weights_control import WEIGHT_OPS, WeightsModel
 from .weights_distributed import WeightsGroupControl
 
@@ -79,7 +80,7 @@ class HealthModel:
         self.stalls = 0
 
 
-class ControlActor(WeightsGroupControl):
+class ControlActor(MemoryControl, WeightsGroupControl):
     def __init__(self, scheduler: Actor, *, pool_schedulers: dict[str, Actor] | None = None,
                  name: str = "control", weight_version: str = "default") -> None:
         super().__init__(name)
@@ -90,6 +91,7 @@ class ControlActor(WeightsGroupControl):
         self.health = HealthModel()
         self.weights = WeightsModel(weight_version)    # the WEIGHTS lifecycle (weights_control)
         self._init_weights_group()                     # a trainer's process group (weights_distributed)
+        self.memory = memory_models()                  # a MEMORY lifecycle per tag (memory_control)
         self._ids = itertools.count(1)
         self.open: dict[str, ControlRecord] = {}           # records not ended yet, by rid
         self.history: deque[ControlRecord] = deque(maxlen=32)   # the last ended, for /server_info
@@ -233,8 +235,9 @@ class ControlActor(WeightsGroupControl):
         if self.health.state is HealthState.unhealthy:
             return self._end(rec, ControlResult(False, self.health.reason or "server is unhealthy",
                                                 {"record": rec.rid}))
-        if state in PAUSED_MODE:
-            return self._end(rec, ControlResult(True, "paused", {"probe": False, "record": rec.rid}))
+        if state in PAUSED_MODE or (state is S.serving and self.memory_out):   # nothing would step
+            return self._end(rec, ControlResult(True, "paused" if state in PAUSED_MODE else "memory released",
+                                                {"probe": False, "record": rec.rid}))
         if state is not S.serving:
             return self._end(rec, ControlResult(False, f"server is {state.name}", {"record": rec.rid}))
         self._wait(rec)
@@ -254,6 +257,9 @@ class ControlActor(WeightsGroupControl):
         rec.parts -= 1
         if rec.op in WEIGHT_OPS:
             self._weights_done(rec, msg.result, msg.error)
+            return
+        if rec.op in MEMORY_OPS:
+            self._memory_done(rec, msg.result, msg.error)
             return
         if msg.error is not None:
             self._end(rec, ControlResult(False, f"{rec.op} failed: {type(msg.error).__name__}: {msg.error}"))
@@ -344,6 +350,7 @@ class ControlActor(WeightsGroupControl):
             self._rec.created(SERVER, self.server)
             self._rec.created(HEALTH, self.health)
             self._rec.created(WEIGHTS, self.weights, {"version": self.weights.version})
+        self._memory_start()
 
     def on_stop(self) -> None:
         self._close_weights_group()

@@ -19,7 +19,8 @@ at once (its client gets `finish_reason: abort` right away), and its blocks are 
 the in-flight step returns — never while the worker thread may still read its block table.
 A pause that arrives mid-step takes effect at the step boundary, and its reply waits for it.
 
-Pause, continue, flush and idle waits are in `scheduler_control.py` (the `SchedulerControl` base).
+Pause, continue, flush and idle waits are in `scheduler_control.py` (the `SchedulerControl` base);
+memory release and resume in `scheduler_memory.py` (`SchedulerMemory`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from .isolation import Isolation, step_failed_or_rerun
 from .scheduler_stats import SchedulerStats, stats_of
 from .output import outputs_done
 from .scheduler_control import SchedulerControl
+from .scheduler_memory import SchedulerMemory
 
 K = SchedulerState
 log = logging.getLogger("actorserve.scheduler")
@@ -64,7 +66,7 @@ def _answer(o: Any) -> list[Any]:
     return entry
 
 
-class SchedulerActor(SchedulerControl):
+class SchedulerActor(SchedulerMemory, SchedulerControl):
     mailbox_capacity = 1 << 16
 
     def __init__(self, engine: Engine, *, stage: Actor, batch: BatchConfig | None = None,
@@ -219,7 +221,10 @@ class SchedulerActor(SchedulerControl):
 
     def _start_step(self, drain: bool = False) -> bool:
         """Plan and start a step; `drain` (a wait pause): of the running requests only, none
-        admitted, and an empty plan starts nothing. Returns whether a step started."""
+        admitted, and an empty plan starts nothing. Returns whether a step started. None starts
+        while a memory tag is released (`scheduler_memory`): requests queue until the resume."""
+        if self.released:
+            return False
         info = self.engine.info
         self.policy.max_len = min(info.max_model_len, info.num_blocks * info.block_size)
         plan = self.policy.plan(self.running, [] if drain else [self.probe_lane, self.lane], self.bm)
@@ -461,7 +466,7 @@ class SchedulerActor(SchedulerControl):
     @handles(ProgressQuery)
     def _progress(self, msg: ProgressQuery) -> Progress:
         stepping = self.state in (K.stepping, K.pausing)
-        pending = stepping or (bool(self.seqs) and self.paused_mode is None)
+        pending = stepping or (bool(self.seqs) and self.paused_mode is None and not self.released)
         return Progress(self.steps_done, pending, len(self.seqs))
 
     # -- introspection and teardown ------------------------------------------------------------

@@ -56,7 +56,7 @@ class WeightsControl(Actor):
     open: dict[str, Any]
     # re-execution's holder of an update's read, called (rid, msg, wrap); None: a worker thread
     weights_reader: Any = None
-    # and its `_new`, `_end`, `_wait`, `_ask`, `_ask_idle`, `_abort`, `_rec`
+    # and its `_new`, `_end`, `_wait`, `_ask`, `_ask_idle`, `_abort`, `_rec`, `_memory_refusal` (memory_control)
 
     def _weights_fire(self, event: str) -> None:
         WEIGHTS.fire(self.weights, event, observer=self._rec)
@@ -80,6 +80,8 @@ class WeightsControl(Actor):
         if self.weights.state is not WeightsState.serving:
             return self._end(rec, ControlResult(False, f"cannot update the weights while they are "
                                                        f"{self.weights.state.name}"))
+        if (why := self._memory_refusal()) is not None:         # memory_control
+            return self._end(rec, ControlResult(False, f"cannot update the weights: {why}"))
         if self.server.state in (ServerState.draining, ServerState.stopped):
             return self._end(rec, ControlResult(False, f"cannot update the weights while the server is "
                                                        f"{self.server.state.name}"))
@@ -194,5 +196,7 @@ class WeightsControl(Actor):
     @handles(GetWeightsByName)
     def _get_weights(self, msg: GetWeightsByName) -> Any:
         rec = self._new("get_weights_by_name")
+        if (why := self._memory_refusal()) is not None:         # memory_control
+            return self._end(rec, ControlResult(False, f"cannot read the weights: {why}"))
         self._ask(rec, self.scheduler, msg)
         return rec.reply

@@ -221,12 +221,17 @@ class _Weights:
         if act8 and bits == 4 and self.N % 16 == 0 and m is not None:
             self.sb = sb if sb is not None else repack_n16(q, d, m)
         self.kind = bits | (ACT8 if act8 else 0) | (N16 if self.sb is not None else 0)   # what the kernel is told
-        self.ptrs = ((q if self.sb is None else self.sb).data_ptr(), d.data_ptr(), None if m is None else m.data_ptr())
-        self.bias_ptr = None if bias is None else bias.data_ptr()
+        self.rebind()
         self.size = self.N * self.K                                # weights
         self.max_rows = MAX_ROWS if act8 else KERNEL_ROWS
         if self.sb is not None and _act8_simd():     # the portable loops are too slow for prefill
             self.max_rows = N16_MAX_ROWS
+
+    def rebind(self) -> None:
+        """Take the tensors' addresses (again: `memory_release` reallocates them at a resume)."""
+        q, d, m = self.q if self.sb is None else self.sb, self.d, self.m
+        self.ptrs = (q.data_ptr(), d.data_ptr(), None if m is None else m.data_ptr())
+        self.bias_ptr = None if self.bias is None else self.bias.data_ptr()
 
     def run(self, lib: _Lib, x: torch.Tensor) -> torch.Tensor | None:
         """``x [rows, K] @ W^T (+ bias)`` through the kernel, or None when it does not take `x`

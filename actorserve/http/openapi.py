@@ -44,6 +44,8 @@ from . import classify_routes, reasoning_routes, score_routes, tokenize_routes, 
 from .reasoning_routes import SeparateReasoningRequest
 from .weights_dist_routes import DestroyGroupBody, InitGroupBody, UpdateDistributedBody
 from .weights_routes import UpdateFromDiskBody, UpdateFromTensorBody, UpdateVersionBody, WeightsByNameBody
+from . import memory_routes
+from .memory_routes import MemoryTagsBody, SleepQuery, WakeUpQuery
 from .tokenize_routes import DetokenizeRequest, TokenizeRequest
 
 OPENAPI_VERSION = "3.1.0"
@@ -177,6 +179,14 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
     weights_routes.get_weight_version: Op("The served weights' version"),
     weights_routes.get_weights_by_name: Op("One parameter's values, first dimension truncated (SGLang)",
                                            WeightsByNameBody),
+    memory_routes.release_memory_occupation: Op("Give the KV cache's and/or the weights' memory back to "
+                                                "the OS (SGLang); no tags: all", MemoryTagsBody, body_required=False),
+    memory_routes.resume_memory_occupation: Op("Bring released memory back (SGLang); no tags: all",
+                                               MemoryTagsBody, body_required=False),
+    memory_routes.sleep: Op("Pause and release all memory (vLLM): an empty 200", query=SleepQuery),
+    memory_routes.wake_up: Op("Resume released memory, continue once all is back (vLLM): an empty 200",
+                              query=WakeUpQuery),
+    memory_routes.is_sleeping: Op("Whether any memory is released (vLLM)"),
     health_routes.health_generate: Op("Deep health: a 1-token probe on the priority lane",
                                       query=HealthGenerateQuery, health=True),
     pooling_routes.embeddings: Op("Embeddings (OpenAI)", EmbeddingRequest, work=True),

@@ -1,6 +1,7 @@
 """Lifecycle definitions (data) and the shared machines that drive them."""
 
 from .core import Edge, IllegalTransition, Lifecycle, LifecycleError, Subject, UnknownEvent
+from .memory import MEMORY, MEMORY_TAGS, MemoryState
 from .lifecycles import (
     CONTROL, GENERATION, HEALTH, LIFECYCLES, PAUSE_MODES, PAUSED_MODE, POOLING, SCHEDULER, SERVER,
     RESPONSE, SESSION, ControlState, GenState, HealthState, PoolState, ResponseState, SchedulerState,
@@ -13,4 +14,5 @@ __all__ = [
     "RESPONSE", "SCHEDULER", "SERVER", "SESSION", "ResponseState", "ControlState", "GenState",
     "HealthState", "PoolState",
     "SchedulerState", "ServerState", "SessionState", "WEIGHTS", "WeightsState", "lifecycle",
+    "MEMORY", "MEMORY_TAGS", "MemoryState",
 ]

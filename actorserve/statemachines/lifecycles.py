@@ -314,6 +314,10 @@ LIFECYCLES: dict[str, Lifecycle] = {
                            WEIGHTS)
 }
 
+from .memory import MEMORY  # noqa: E402  (memory release per tag: its own module)
+
+LIFECYCLES[MEMORY.name] = MEMORY
+
 
 def lifecycle(name: str) -> Lifecycle:
     try:
