@@ -50,12 +50,17 @@ class SchedulerConfig:
     # /v1/responses with store: ended responses kept for GET / DELETE / previous_response_id;
     # past this many the one that ended longest ago is evicted. 0 = store nothing.
     responses_store: int = 1000
+    # At rest for this long (no request, no step), the C heap's free pages go back to the OS
+    # (`actors.rest.RestTrimmer`); 0 = never
+    trim_at_rest_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.max_queued_requests is not None and self.max_queued_requests < 1:
             raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
         if self.responses_store < 0:
             raise ValueError(f"responses_store must be >= 0, got {self.responses_store}")
+        if self.trim_at_rest_s < 0:
+            raise ValueError(f"trim_at_rest_s must be >= 0, got {self.trim_at_rest_s}")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         if self.max_queue_time_s is not None and not self.max_queue_time_s > 0:

@@ -110,6 +110,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-auth", default="required", choices=METRICS_AUTH,
                    help="with --api-key: /metrics needs the key like every route (required, the "
                         "default) or is open for a Prometheus scraper without it (open, as vLLM)")
+    p.add_argument("--trim-at-rest", type=float, default=2.0, metavar="SECONDS",
+                   help="after this long with no request and no step, give the C heap's free pages "
+                        "back to the OS (malloc_trim; default 2, 0 = never)")
     p.add_argument("--responses-store", type=int, default=1000, metavar="N",
                    help="/v1/responses: keep at most N ended stored responses (for GET, DELETE and "
                         "previous_response_id); past that the oldest is evicted; 0 stores none")
@@ -156,7 +159,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                                   request_timeout_s=getattr(args, "request_timeout", None),
                                   max_queue_time_s=getattr(args, "max_queue_time", None),
                                   max_queued_tokens=getattr(args, "max_queued_tokens", None),
-                                  responses_store=getattr(args, "responses_store", 1000)),
+                                  responses_store=getattr(args, "responses_store", 1000),
+                                  trim_at_rest_s=getattr(args, "trim_at_rest", 2.0)),
         recorder=RecorderConfig(path=record, replica_id=replica),
         debug_routes=bool(getattr(args, "debug_routes", False)),
         tool_call_parser=getattr(args, "tool_call_parser", None),

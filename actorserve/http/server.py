@@ -155,7 +155,14 @@ async def serve_async(config: ServerConfig, *, built: Built | None = None,
         url = f"http://{host}:{port}"
         if on_ready is not None:
             on_ready(url)
+        trimmer = None
+        if config.scheduler.trim_at_rest_s > 0:
+            from ..actors.rest import RestTrimmer
+            trimmer = RestTrimmer(runtime.scheduler, runtime.system, interval=config.scheduler.trim_at_rest_s)
+            trimmer.start()
         await stop.wait()
+        if trimmer is not None:
+            await trimmer.stop()
         log.info("shutting down: draining in-flight requests")
         await _drain(runtime, drain_timeout_s)
         await site.stop()
