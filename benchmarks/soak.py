@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=10)
     p.add_argument("--requests", type=int, default=600, help="per cycle")
     p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--rest", type=float, default=1.0, help="seconds at rest before each RSS reading")
+    p.add_argument("--rest", type=float, default=6.0, help="seconds at rest before each RSS reading (the trim at rest runs after 2-4 s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-arg", action="append", default=[], help="extra `serve` argument (repeat)")
     p.add_argument("--server-log", default=None, help="write the server's output here")

@@ -45,6 +45,20 @@ CONTROL_MESSAGES = ("AbortRequest", "PauseGeneration", "ContinueGeneration", "Fl
                     "SessionBegin", "SessionEnd", "ResponseBegin", "ResponseEnd", "ResponseDelete",
                     "ResponseCancel")
 
+# control messages a re-execution cannot replay, and why (the recording says so in its error)
+UNREPLAYABLE = {
+    "ReleaseMemory": "a memory release frees the engine's KV and weights, which the re-execution's "
+                     "stand-in engine does not hold",
+    "ResumeMemory": "a memory resume restores the engine's KV and weights, which the re-execution's "
+                    "stand-in engine does not hold",
+    "InitWeightsUpdateGroup": "a weight update group is a rendezvous with a trainer process, which "
+                              "the recording does not hold",
+    "UpdateWeightsFromDistributed": "the tensors were broadcast by a trainer process; the recording "
+                                    "holds their names and shapes, never their values",
+    "DestroyWeightsUpdateGroup": "a weight update group is a rendezvous with a trainer process, which "
+                                 "the recording does not hold",
+}
+
 
 class RecordingError(ValueError):
     """The recording cannot be re-executed (no set-up, inputs missing, rotated away)."""
@@ -304,6 +318,8 @@ class _Driver:
             assert e.rid is not None
             self._keep(rt.abort(e.rid, d.get("reason", "abort")))
         elif e.event in ("control", "session"):
+            if d.get("op") in UNREPLAYABLE:
+                raise RecordingError(f"seq {e.seq}: {d['op']} cannot be re-executed: {UNREPLAYABLE[d['op']]}")
             if d.get("op") not in CONTROL_MESSAGES + WEIGHT_OPS:
                 raise RecordingError(f"seq {e.seq}: unknown control message {d.get('op')!r}")
             args = _tuples(d.get("args") or {})
