@@ -1,22 +1,21 @@
-"""One step's LoRA deltas: the grouped low-rank products of a mixed batch.
+"""One step's LoRA deltas: each adapter row gets its own adapter's low-rank product.
 
-Layout. The adapters a step uses form a `Combo` (built once per set of adapters and cached by
-`lora.LoraSlots`): for every targeted (layer, module) the adapters' A^T side by side,
-``[in, R]``, and their B^T stacked, ``[R, out]``, R the sum of their ranks, each adapter at
-the same columns in every module (zeros where it does not target that module). The step's
-adapter rows (its members' rows are contiguous; the base model's rows are left out) get a
-mask ``[rows, R]`` that keeps only their own adapter's columns, so each targeted linear costs
-two products whatever the number of adapters:
+The runner calls the step at each targeted linear, after the linear's own forward (HF's
+``F.linear``, the oneDNN-packed weight, the q4 kernel or a q4 group's concatenated product,
+whose split outputs are views of one tensor), in place, and the fused C decode step after each
+of its products. Both go to the C kernel (`lora_kernel`, ``csrc/lora.c``) where it is built:
+``y[t] += B_i (A_i x[t])`` for each row t of adapter i, float32, the delta rounded once into
+the model's dtype; the base rows are never written. Prefill chunks, decode rows and speculative
+verify rows are all just rows, so every kind of step takes the same path.
+
+Without the kernel (no C compiler, or a dtype it does not take) the deltas are torch products
+over a `Combo`: for every targeted (layer, module) the adapters' A^T side by side, ``[in, R]``,
+and their B^T stacked, ``[R, out]``, R the sum of their ranks (zeros where an adapter does not
+target that module), and a mask ``[rows, R]`` keeping only each row's own adapter's columns:
 
     ``y[rows] += ((x[rows] @ A^T) * mask) @ B^T``      (B holds the scaling, `lora.read_adapter`)
 
-With one adapter in the step the mask is all ones and skipped. The runner calls the step at
-each targeted linear, after the linear's own forward (HF's ``F.linear``, the oneDNN-packed
-weight, the q4 kernel or a q4 group's concatenated product, whose split outputs are views of
-one tensor), in place. The products are float32 whatever the model's dtype, the delta rounded
-once into it on the add (bf16 products this small cost 4-9 times float32's on CPUs without
-AMX). The base rows are never written. Prefill chunks, decode rows and speculative verify rows
-are all just rows, so every kind of step takes the same path.
+(float32 products: bf16 ones this small cost 4-9 times float32's on CPUs without AMX).
 """
 
 from __future__ import annotations
