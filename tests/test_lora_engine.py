@@ -150,6 +150,21 @@ def test_a_step_mixing_the_base_and_three_adapters_gives_each_what_it_gets_alone
     assert len({tuple(t) for t in alone[:2]}) == 2    # the base and "all" differ on the same prompt
 
 
+def test_the_torch_path_without_the_c_kernel_gives_the_same_tokens(tiny, monkeypatch):
+    """Without a C compiler the deltas are grouped torch products (`lora_step`): the same tokens."""
+    from actorserve.engine import lora_kernel, lora_step
+
+    base, root, _ = tiny
+    members = [(None, PROMPTS[0]), ("all", PROMPTS[0]), ("qv_rs", PROMPTS[2]), ("mlp_o", PROMPTS[1])]
+    d, _ = engine_for(base, root)
+    assert lora_step.Combo([d.engine.lora.adapter("all")]).table is not None
+    with_c = d.run([new(d, f"c{i}", p, ad) for i, (ad, p) in enumerate(members)], 8)
+    monkeypatch.setattr(lora_kernel, "_fn", [None])
+    d, _ = engine_for(base, root)
+    assert lora_step.Combo([d.engine.lora.adapter("all")]).table is None
+    assert d.run([new(d, f"t{i}", p, ad) for i, (ad, p) in enumerate(members)], 8) == with_c
+
+
 def test_speculative_verify_rows_take_the_adapter(tiny):
     """A member verifying drafts computes several rows in a step: all of them get its deltas."""
     base, root, merged = tiny
@@ -346,19 +361,21 @@ def test_smollm2_adapters_decode_as_pefts_merged_model_fp32(smol, quantization):
     d = _smol_engine(root, quantization=quantization)
     fused: list[bool] = []
     if quantization:
-        assert d.engine.fused is not None                 # base-only decode steps stay fused
+        assert d.engine.fused is not None                 # decode steps, with adapters or not, fused
         run = d.engine.fused.run
         d.engine.fused.run = lambda *a: (fused.append(run(*a)), fused[-1])[1]
     want = {name: [hf_greedy(merged[name], p, 12) for p in prompts] for name in merged}
     assert want["attn"] != want["mlp"]
     for name in merged:
         assert d.run([new(d, f"{name}{i}", p, name) for i, p in enumerate(prompts)], 12) == want[name], name
-    assert fused == []                                    # adapter steps: the glued loop, never fused
+    if quantization:                                      # adapter decode steps: fused, deltas in C
+        assert fused == [True] * 2 * 11                   # 11 decode steps an adapter
+        fused.clear()
     # and mixed: the base and both adapters in the same steps
     seqs = [new(d, "base", prompts[0], None), new(d, "x", prompts[0], "attn"), new(d, "y", prompts[1], "mlp")]
     assert d.run(seqs, 12) == [hf_greedy(clean, prompts[0], 12), want["attn"][0], want["mlp"][1]]
     if quantization:
-        assert fused == []
+        assert fused == [True] * 11                       # mixed decode steps fused too
         d.run([new(d, "base_alone", prompts[2], None)], 3)
         assert fused[-2:] == [True, True]                 # the base alone: its decode steps fused
 

@@ -12,7 +12,8 @@ rows of one attention group (at most `quant.MAX_ROWS`) runs every layer in one c
 operations `PagedLlamaRunner._forward_glued` makes one by one, in the same order and with
 the same arithmetic (SiLU's exponential is C's ``expf`` rather than torch's vectorised one: a
 float32 rounding apart). Anything else (a prefill chunk, speculation's verify rows, another
-family) takes the glued or the plain path.
+family) takes the glued or the plain path. A step with LoRA adapter members runs fused too:
+each product is followed by its adapters' deltas (`lora_kernel`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class _Step(ctypes.Structure):
     _fields_ = [(name, _i) for name in ("T", "D", "nh", "nkv", "hd", "inter", "rd", "bf16",
                                         "block_size", "nb", "nthreads")] + [("scale", _f)] + \
                [(name, _p) for name in ("h", "x", "qkv", "qf", "of", "attn", "o", "gu", "act", "cos",
-                                        "sin", "slots", "table", "ctx", "attention")]
+                                        "sin", "slots", "table", "ctx", "attention", "lora")]
 
 
 def _qmat(w: Any) -> _QMat:
@@ -104,9 +105,14 @@ class FusedStep:
                     return False
         return True
 
-    def run(self, plan: StepPlan, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-        """Run the layers over `h` in place; False (nothing done) for a step it does not take."""
+    def run(self, plan: StepPlan, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            lora: Any = None) -> bool:
+        """Run the layers over `h` in place; False (nothing done) for a step it does not take.
+        `lora` (a `lora_step.LoraStep`): its adapter rows get their deltas after each product
+        (``csrc/lora.c``), where the kernel is loaded."""
         T = h.shape[0]
+        if lora is not None and lora.args is None:
+            return False
         if (T > quant.MAX_ROWS or plan.chunks or len(plan.decode) != 1 or not plan.decode[0].dense
                 or plan.slots.dtype != torch.int64 or cos.dtype != h.dtype or not cos.is_contiguous()
                 or not sin.is_contiguous()):
@@ -127,7 +133,7 @@ class FusedStep:
                      table.shape[1], r.threads, r.scale, h.data_ptr(),
                      *(bufs[n].data_ptr() for n in ("x", "qkv", "qf", "of", "attn", "o", "gu", "act")),
                      cos.data_ptr(), sin.data_ptr(), plan.slots.data_ptr(), table.data_ptr(), ctx.data_ptr(),
-                     self._attention)
+                     self._attention, None if lora is None else lora.args.ptr)
         if self._fn(self._layers, len(self._layers), ctypes.byref(step)) != 0:
             raise RuntimeError("decode_layers: a quantized product or the attention kernel failed")
         return True

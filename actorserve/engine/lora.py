@@ -214,7 +214,7 @@ def read_adapter(name: str, path: str | Path, shapes: dict[tuple[int, str], tupl
         if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
             raise bad(f"{where}: weights that are not finite")
         A = a.float().contiguous()
-        B = (b.float() * scaling).contiguous()
+        B = (b.float() * scaling).t().contiguous().t()      # [out, r], held as B^T [r, out]
         weights[(li, mod)] = (A, B)
         nbytes += A.numel() * A.element_size() + B.numel() * B.element_size()
     modules = tuple(m for m in SUPPORTED_MODULES if any(k[1] == m for k in weights))

@@ -238,15 +238,15 @@ class PagedLlamaRunner(_SamplingRunner):
 
     def _forward(self, plan: StepPlan, lora: LoraStep | None = None) -> torch.Tensor:
         """Run all layers over the flat batch; return the hidden states before the final norm.
-        With `lora` (a step with adapter members) each targeted linear adds their deltas, and
-        the fused C step (which bypasses the modules) is not taken."""
+        With `lora` (a step with adapter members) each targeted linear adds their deltas (in
+        the fused C step too, `lora_kernel`)."""
         T, nh, nkv, d = plan.num_tokens, self.n_heads, self.n_kv, self.head_dim
         fam = self.family
         h = self.base.embed_tokens(plan.input_ids)
         cos, sin = self._rope(plan.positions, h)
         attn_out = self.kv.scratch("attn", (T, nh * d))
         if self.glue is not None and T <= MAX_ROWS:
-            if lora is None and self.fused is not None and self.fused.run(plan, h, cos, sin):
+            if self.fused is not None and self.fused.run(plan, h, cos, sin, lora):
                 return h
             return self._forward_glued(plan, h, cos, sin, attn_out, lora)
         for li, layer in enumerate(self.layers):

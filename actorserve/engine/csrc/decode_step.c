@@ -7,9 +7,12 @@
  * paged_decode.c, through the pointer the caller passes: that kernel lives in its own library),
  * the output product, the residual add and norm, gate/up, SiLU times up, down. The same
  * operations, in the same order, that `PagedLlamaRunner._forward_glued` calls one by one from
- * Python; one call instead of about twenty a layer. */
+ * Python; one call instead of about twenty a layer. With `lora` (a step with adapter rows)
+ * each product is followed by its adapters' deltas (lora.c), where the glued loop's hooks add
+ * them. */
 #include "qgemv.c"
 #include "glue.c"
+#include "lora.c"
 
 #define ATTENTION_PARALLEL_MIN ((size_t)1 << 18)   /* K elements: paged_decode.c's threshold */
 
@@ -47,10 +50,17 @@ typedef struct {
     const int64_t *slots;             /* [T] */
     const int32_t *table, *ctx;       /* [T, nb], [T] */
     attention_fn attention;
+    const lora_t *lora;               /* the step's adapters, or NULL */
 } step_t;
 
 static int product(const qmat_t *w, const void *x, int M, void *y, int bf16) {
     return qgemv(w->bits, x, bf16, M, w->K, w->q, w->d, w->m, w->N, w->bias, y, bf16, 1);
+}
+
+/* The deltas of layer li's linears reading x (row stride xs, width K) into `n` outputs given as
+ * (module, N, y, y's row stride) quadruples; 0 without adapters. */
+static int deltas(const step_t *S, int li, const void *x, int xs, int K, int n, const lora_out_t *o) {
+    return S->lora ? lora_apply(S->lora, li, x, S->bf16, xs, K, n, o, S->bf16, S->nthreads) : 0;
 }
 
 static inline float load_el(const void *p, size_t i, int bf16) {
@@ -76,6 +86,9 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
     for (int li = 0; li < n; li++) {
         const layer_t *l = &L[li];
         if (product(&l->qkv, S->x, T, S->qkv, bf16)) return -1;
+        const lora_out_t qkv[3] = {{0, nq, nqkv, S->qkv}, {1, nk, nqkv, (char *)S->qkv + (size_t)nq * es},
+                                   {2, nk, nqkv, (char *)S->qkv + (size_t)(nq + nk) * es}};
+        if (deltas(S, li, S->x, D, D, 3, qkv)) return -1;
         rope(S->qkv, nqkv, T, nh, hd, S->cos, S->sin, S->rd, bf16);
         rope((char *)S->qkv + (size_t)nq * es, nqkv, T, nkv, hd, S->cos, S->sin, S->rd, bf16);
         for (int t = 0; t < T; t++) {                   /* K/V into the cache, q to float32 */
@@ -91,8 +104,12 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
         if (rc) return -1;
         for (size_t i = 0; i < (size_t)T * nq; i++) store_el(S->attn, i, S->of[i], bf16);
         if (product(&l->o, S->attn, T, S->o, bf16)) return -1;
+        const lora_out_t o[1] = {{3, D, D, S->o}};
+        if (deltas(S, li, S->attn, nq, nq, 1, o)) return -1;
         add_rmsnorm(S->h, S->o, D, l->post_norm, l->post_eps, S->x, D, T, D, bf16);
         if (product(&l->gate_up, S->x, T, S->gu, bf16)) return -1;
+        const lora_out_t gu[2] = {{4, I, 2 * I, S->gu}, {5, I, 2 * I, (char *)S->gu + (size_t)I * es}};
+        if (deltas(S, li, S->x, D, D, 2, gu)) return -1;
         for (int t = 0; t < T; t++) {                   /* SiLU(gate) * up, each rounded as torch's */
             const size_t g0 = (size_t)t * 2 * I, a0 = (size_t)t * I;
             for (int i = 0; i < I; i++) {
@@ -103,6 +120,8 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
             }
         }
         if (product(&l->down, S->act, T, S->o, bf16)) return -1;
+        const lora_out_t down[1] = {{6, D, D, S->o}};
+        if (deltas(S, li, S->act, I, I, 1, down)) return -1;
         if (li + 1 < n) {
             add_rmsnorm(S->h, S->o, D, L[li + 1].in_norm, L[li + 1].in_eps, S->x, D, T, D, bf16);
         } else {

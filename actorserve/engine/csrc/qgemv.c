@@ -278,9 +278,16 @@ typedef struct {
     const void *q;
     const uint16_t *d, *m;
     void *y;
+    /* another kernel's work split the same way (lora.c): its units [n0, n1) of `ext` */
+    void (*ext_fn)(const void *ext, int n0, int n1);
+    const void *ext;
 } job_t;
 
 static void run_rows(const job_t *j) {
+    if (j->ext_fn) {
+        j->ext_fn(j->ext, j->n0, j->n1);
+        return;
+    }
     const int M = j->M, K = j->K, N = j->N, G = j->G;
     const float *xf = j->xf, *xs = j->xs;
     const uint16_t *d = j->d, *m = j->m;
@@ -337,6 +344,44 @@ static void run_rows(const job_t *j) {
 }
 
 #include "step_pool.c"   /* the step pool: uses job_t and run_rows above */
+
+/* Run `job`'s units [0, job->n1) on the step pool's threads while it is active (and `pool_ok`),
+ * else on `nthreads` OpenMP threads, else on this one. */
+static void spread(job_t *job, int pool_ok, int nthreads) {
+    const int units = job->n1;
+    int pooled = 0;
+    if (pool_ok && atomic_load_explicit(&pool.active, memory_order_relaxed)
+            && !atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire)) {
+        pooled = atomic_load(&pool.active);     /* still: stopping takes `busy` first */
+        if (!pooled) atomic_flag_clear_explicit(&pool.busy, memory_order_release);
+    }
+    if (pooled) {
+        const int parts = pool.workers + 1;
+        pool.job = *job;
+        atomic_store_explicit(&pool.remaining, pool.workers, memory_order_relaxed);
+        atomic_fetch_add_explicit(&pool.posted, 1, memory_order_release);
+        job->n1 = units / parts;                                /* the caller's share: the first */
+        run_rows(job);
+        /* the worker's share: spin for it, yielding now and then (a worker that lost its core
+         * to another thread would otherwise have this one spin for a whole time slice) */
+        for (unsigned spins = 1; atomic_load_explicit(&pool.remaining, memory_order_acquire) > 0; spins++) {
+            cpu_relax();
+            if ((spins & 1023) == 0) sched_yield();
+        }
+        atomic_flag_clear_explicit(&pool.busy, memory_order_release);
+    } else if (nthreads > 1) {
+        const int chunk = (units + nthreads - 1) / nthreads;
+        #pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int t = 0; t < nthreads; t++) {
+            job_t mine = *job;
+            mine.n0 = t * chunk;
+            mine.n1 = mine.n0 + chunk < units ? mine.n0 + chunk : units;
+            if (mine.n0 < mine.n1) run_rows(&mine);
+        }
+    } else {
+        run_rows(job);
+    }
+}
 
 #ifdef HAVE_Q4_BF16
 static int bf16_path = 1;
@@ -415,39 +460,7 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         xb = NULL;
     }
     job_t job = {kind, M, K, N, G, y_bf16, 0, n16 ? N / 16 : N, xf, xs, bias, xb, xq, xd, xdv, xinit, n16, q, d, m, y};
-    const int units = job.n1;                   /* output rows, or blocks of 16 of them */
-    int pooled = 0;
-    if (N >= 64 && atomic_load_explicit(&pool.active, memory_order_relaxed)
-            && !atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire)) {
-        pooled = atomic_load(&pool.active);     /* still: stopping takes `busy` first */
-        if (!pooled) atomic_flag_clear_explicit(&pool.busy, memory_order_release);
-    }
-    if (pooled) {
-        const int parts = pool.workers + 1;
-        pool.job = job;
-        atomic_store_explicit(&pool.remaining, pool.workers, memory_order_relaxed);
-        atomic_fetch_add_explicit(&pool.posted, 1, memory_order_release);
-        job.n1 = units / parts;                                 /* the caller's share: the first */
-        run_rows(&job);
-        /* the worker's share: spin for it, yielding now and then (a worker that lost its core
-         * to another thread would otherwise have this one spin for a whole time slice) */
-        for (unsigned spins = 1; atomic_load_explicit(&pool.remaining, memory_order_acquire) > 0; spins++) {
-            cpu_relax();
-            if ((spins & 1023) == 0) sched_yield();
-        }
-        atomic_flag_clear_explicit(&pool.busy, memory_order_release);
-    } else if (nthreads > 1) {
-        const int chunk = (units + nthreads - 1) / nthreads;
-        #pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int t = 0; t < nthreads; t++) {
-            job_t mine = job;
-            mine.n0 = t * chunk;
-            mine.n1 = mine.n0 + chunk < units ? mine.n0 + chunk : units;
-            if (mine.n0 < mine.n1) run_rows(&mine);
-        }
-    } else {
-        run_rows(&job);
-    }
+    spread(&job, N >= 64, nthreads);
     free(xf);
     return 0;
 }
