@@ -267,3 +267,18 @@ async def test_200_mixed_requests_under_loads_and_unloads(tmp_path):
     assert check(rec.events()).ok
     assert_nothing_held(rt)
     await rt.shutdown()
+
+
+async def test_metrics_count_requests_per_adapter(tmp_path):
+    from actorserve.http.metrics import Metrics
+    rt, engine, rec, _ = await make_runtime(loras=2)
+    assert (await rt.control(LoadLoraAdapter("a1", adapter(tmp_path, "a1")))).ok
+    for name in ("a1", "a1", None):
+        await rt.generate([1, 2], SamplingParams(max_new_tokens=1), lora=name).stream.final()
+    text = Metrics(rt.stats, rt.snapshot, rt.pool_stats, model_name="m").exposition().decode()
+    st = rt.stats()
+    assert st.lora_requests == (("a1", 2),) and st.loras_loaded == 1
+    assert 'actorserve_lora_requests_total{lora_name="a1",model_name="m"} 2.0' in text
+    assert 'actorserve_lora_adapters_loaded{model_name="m"} 1.0' in text
+    await rt.quiesce()
+    await rt.shutdown()
