@@ -168,6 +168,9 @@ class Runtime:
                 "responses_store": self.responses.capacity,
                 "max_queue_time_s": self.max_queue_time,
                 "weight_version": self.scheduler.weight_version,
+                "lora": None if self.scheduler.lora_slots is None else {
+                    "max_loaded": self.scheduler.lora_slots.max_loaded,
+                    "max_rank": self.scheduler.lora_slots.max_rank},
                 "watchdog": None if self.watchdog is None else {
                     "timeout": self.watchdog.timeout, "interval": self.watchdog.interval}}
 

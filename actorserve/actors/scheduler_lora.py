@@ -68,7 +68,7 @@ class SchedulerLora(Actor):
     seqs: dict[str, Any]
     actors: dict[str, Actor]
     lane: Any
-    # re-execution's holder of an adapter's read, called (scheduler, fn, name, path, wrap=...)
+    # re-execution's holder of an adapter's read, called (scheduler, rid, fn, name, path, wrap=...)
     lora_runner: Any = None
     # and its `_end`, `_drop`
 
@@ -197,7 +197,7 @@ class SchedulerLora(Actor):
             return out
 
         if self.lora_runner is not None:
-            self.lora_runner(self, read, name, path, wrap=wrap)
+            self.lora_runner(self, rid, read, name, path, wrap=wrap)
             return
         fut = self.system.loop.run_in_executor(None, read)
         self.system.pipe(fut, self, off_loop=True, wrap=wrap)
