@@ -282,3 +282,41 @@ async def test_metrics_count_requests_per_adapter(tmp_path):
     assert 'actorserve_lora_adapters_loaded{model_name="m"} 1.0' in text
     await rt.quiesce()
     await rt.shutdown()
+
+
+def test_cli_flags_for_adapters():
+    import argparse
+
+    import pytest as _pytest
+
+    from actorserve.http import serve_cli
+
+    p = argparse.ArgumentParser()
+    serve_cli.add_arguments(p)
+    cfg = serve_cli.config_from_args(p.parse_args([
+        "--lora-paths", "a1=/m/a1", "/m/a2", '{"lora_name": "a3", "lora_path": "/m/a3", "pinned": true}',
+        "--max-loras", "2", "--max-loaded-loras", "4", "--max-lora-rank", "16", "--enable-lora"]))
+    assert cfg.model.lora_paths == (("a1", "/m/a1", False), ("/m/a2", "/m/a2", False), ("a3", "/m/a3", True))
+    assert (cfg.model.max_loaded_loras, cfg.model.max_lora_rank, cfg.scheduler.batch.max_loras) == (4, 16, 2)
+    vllm = serve_cli.config_from_args(p.parse_args(["--lora-modules", '{"name": "x", "path": "/p"}']))
+    assert vllm.model.lora_paths == (("x", "/p", False),) and vllm.scheduler.batch.max_loras is None
+    for bad in (["--lora-paths", "a=/x", "a=/y"], ["--lora-paths", "a b=/x"], ["--lora-paths", "{nope"],
+                ["--max-loras", "0"], ["--max-lora-rank", "0"]):
+        with _pytest.raises(ValueError):
+            serve_cli.config_from_args(p.parse_args(bad))
+
+
+async def test_prefix_cache_is_never_shared_across_adapters(tmp_path):
+    rt, engine, rec, _ = await make_runtime(loras=2)
+    for name in ("a1", "a2"):
+        assert (await rt.control(LoadLoraAdapter(name, adapter(tmp_path, name)))).ok
+    prompt = list(range(1, 30))
+    cached = {}
+    for key, name in (("base", None), ("a1", "a1"), ("a1 again", "a1"), ("a2", "a2"), ("base again", None)):
+        out = await rt.generate(prompt, SamplingParams(max_new_tokens=2), lora=name).stream.final()
+        cached[key] = out.cached_tokens
+    assert cached["base"] == cached["a1"] == cached["a2"] == 0, cached
+    assert cached["a1 again"] > 0 and cached["base again"] > 0, cached
+    await rt.quiesce()
+    assert_nothing_held(rt)
+    await rt.shutdown()
