@@ -144,13 +144,9 @@ async def lora_for_model(ctx: ServerContext, model: str | None) -> str | None:
     base, sep, tail = model.partition(":")
     if sep and base in ctx.model_names() and tail:
         name = tail                           # SGLang's "<base>:<adapter>"
-    state = ctx.runtime.lora_state(name)
-    if state is None:
-        return None                           # not an adapter: the caller's own 404 says what is served
     state = await _ready(ctx, name)
-    if state != "ready":
-        why = "is being unloaded" if state == "unloading" else "is not loaded (its load failed)" \
-            if state is None else f"is {state}"
+    if state != "ready":          # gone since the route's `resolve_model`, or never an adapter
+        why = "is being unloaded" if state == "unloading" else "is not loaded" if state is None else f"is {state}"
         raise APIError(404, f"The model `{model}` does not exist: LoRA adapter {name!r} {why}",
                        type="invalid_request_error", code="model_not_found", param="model")
     return name
