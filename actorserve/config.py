@@ -24,6 +24,10 @@ class ModelConfig:
     decode_attention: str = "auto"      # auto | inplace | gather (engine.decode_kernel)
     quantization: str = "auto"          # auto | none | q4 | q4a8 (engine.quant): quantized decode steps
     weight_version: str = "default"     # the served weights' version (responses' weight_version)
+    max_loaded_loras: int = 8           # LoRA adapter slots (--max-loaded-loras; LRU beyond, pinned kept)
+    max_lora_rank: int = 64             # the largest adapter rank accepted (--max-lora-rank)
+    # adapters loaded at start-up (--lora-paths): (name, path, pinned) each
+    lora_paths: tuple[tuple[str, str, bool], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,9 @@ from .messages_weights import (  # noqa: F401
     UpdateWeightVersion as UpdateWeightVersion, WeightsApplied as WeightsApplied, WeightsRead as WeightsRead,
 )
 from .messages_weights import SetWeightVersion as SetWeightVersion  # noqa: F401
+from .messages_lora import (  # noqa: F401
+    LoadLora, LoadLoraAdapter, LoraRead, LoraWait, UnloadLora, UnloadLoraAdapter,
+)
 from .messages_weights_group import (  # noqa: F401
     DestroyWeightsUpdateGroup as DestroyWeightsUpdateGroup, InitWeightsUpdateGroup as InitWeightsUpdateGroup,
     UpdateWeightsFromDistributed as UpdateWeightsFromDistributed, WeightsGroupClosed as WeightsGroupClosed,
@@ -55,6 +58,7 @@ class Submit:
     rid: str
     seq: Any            # engine.sequence.Sequence
     actor: Any          # the request actor that receives this request's outputs
+    lora: str | None = None   # the LoRA adapter it runs under (held from admission to its end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,7 @@ class AbortRequest:
     prefix: bool = False
     abort_all: bool = False
     reason: str = "abort"     # why: abort (the route), or e.g. "client disconnected", a probe timeout
+    lora: str | None = None   # every request running under this LoRA adapter (an unload's abort)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,7 @@ class Abort:
     prefix: bool = False
     abort_all: bool = False
     reason: str = "abort"
+    lora: str | None = None   # the requests holding this adapter
 
 
 @dataclass(frozen=True, slots=True)

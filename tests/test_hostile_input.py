@@ -79,6 +79,11 @@ ROUTES: dict[str, dict[str, Any]] = {
     "/destroy_weights_update_group": {"group_name": "weight_update_group"},
     "/release_memory_occupation": {"tags": ["kv_cache"]},          # released, then resumed
     "/resume_memory_occupation": {"tags": ["kv_cache"]},
+    # a LoRA adapter (a folder made below), loaded and unloaded in both shapes
+    "/load_lora_adapter": {"lora_name": "h1", "lora_path": "(set below)", "pinned": False},
+    "/unload_lora_adapter": {"lora_name": "h1"},
+    "/v1/load_lora_adapter": {"lora_name": "h2", "lora_path": "(set below)"},
+    "/v1/unload_lora_adapter": {"lora_name": "h2"},
 }
 # well-formed, but no trainer listens and no group is open: a 400 {"success": false} from the
 # control actor (the routes with a trainer: test_weights_distributed)
@@ -179,7 +184,24 @@ async def _still_serving(http: TestClient, rt: Runtime, baseline: str) -> None:
     await settle(rt)
 
 
-async def test_the_tables_cover_every_post_route(server, monkeypatch):
+def _lora_folder(rt, tmp_path) -> str:
+    """A rank-1 PEFT LoRA folder on the served model's first q_proj (B zero: changes nothing)."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    out_f, in_f = rt.engine.lora.shapes[(0, "q_proj")]
+    folder = tmp_path / "lora"
+    folder.mkdir(exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["q_proj"]}))
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_{}.weight"
+    save_file({key.format("A"): torch.ones(1, in_f), key.format("B"): torch.zeros(out_f, 1)},
+              str(folder / "adapter_model.safetensors"))
+    return str(folder)
+
+
+async def test_the_tables_cover_every_post_route(server, monkeypatch, tmp_path):
     from actorserve.engine import weights_group
     monkeypatch.setattr(weights_group, "INIT_TIMEOUT_S", 0.5)        # nobody listens on port 1
     http, rt, app, baseline = server
@@ -197,6 +219,8 @@ async def test_the_tables_cover_every_post_route(server, monkeypatch):
             norm = rt.engine.model.get_parameter("model.norm.weight").detach().clone()
             body = {**body, "serialized_named_tensors": [
                 base64.b64encode(save({"model.norm.weight": norm})).decode()]}
+        if route.endswith("/load_lora_adapter"):
+            body = {**body, "lora_path": _lora_folder(rt, tmp_path)}
         r = await http.post(route, json=body)
         if route in NO_TRAINER:
             assert r.status == 400 and (await r.json())["success"] is False, (route, await r.text())

@@ -38,7 +38,7 @@ from ..statemachines import (
 from .actor import Actor, handles
 from .memory_control import MEMORY_OPS, MemoryControl, memory_models
 from .weights_control import WEIGHT_OPS, WeightsModel
-from .weights_distributed import WeightsGroupControl
+from .lora_control import LoraControl
 
 S = ServerState
 _DELIVERING = (GenState.detok, PoolState.pool)    # result known, not yet taken by the client
@@ -80,7 +80,7 @@ class HealthModel:
         self.stalls = 0
 
 
-class ControlActor(MemoryControl, WeightsGroupControl):
+class ControlActor(MemoryControl, LoraControl):
     def __init__(self, scheduler: Actor, *, pool_schedulers: dict[str, Actor] | None = None,
                  name: str = "control", weight_version: str = "default") -> None:
         super().__init__(name)
@@ -147,7 +147,7 @@ class ControlActor(MemoryControl, WeightsGroupControl):
     def _abort(self, msg: AbortRequest) -> Any:
         """Reaches every scheduler (generation and pooling); answered with the total matched."""
         rec = self._new("abort_request")
-        if not msg.abort_all and not msg.rid:
+        if not msg.abort_all and not msg.rid and msg.lora is None:
             return self._end(rec, ControlResult(False, "abort_request needs a non-empty rid or abort_all: true"))
         rec.msg = msg
         targets = self._schedulers()
@@ -156,7 +156,7 @@ class ControlActor(MemoryControl, WeightsGroupControl):
         if len(targets) > 1:
             self._wait(rec)
         for sched in targets:
-            self._ask(rec, sched, Abort(msg.rid, msg.prefix, msg.abort_all, msg.reason))
+            self._ask(rec, sched, Abort(msg.rid, msg.prefix, msg.abort_all, msg.reason, msg.lora))
         return rec.reply
 
     def _aborted(self, rec: ControlRecord) -> ControlResult:
@@ -169,8 +169,8 @@ class ControlActor(MemoryControl, WeightsGroupControl):
             if not name.startswith("req:") or not actor.alive:
                 continue
             rid = name[4:]
-            if rid in matched or getattr(actor, "state", None) not in _DELIVERING:
-                continue   # a request still in a scheduler hears it from there
+            if rid in matched or getattr(actor, "state", None) not in _DELIVERING or msg.lora is not None:
+                continue   # a request still in a scheduler hears it from there (one in detok holds no adapter)
             if msg.abort_all or (msg.prefix and rid.startswith(msg.rid or "\0")) or rid == msg.rid:
                 actor.tell(Aborted(rid, msg.reason))
                 matched.add(rid)

@@ -49,7 +49,7 @@ from ..engine.heads import apply_head
 from ..engine.params import ParamError, PoolingParams, SamplingParams
 from ..engine.sequence import Sequence
 from ..messages import (
-    DEADLINE_EXCEEDED, AbortRequest, Aborted, ControlResult, Delivered, Drain, HealthDone, OpenSession,
+    DEADLINE_EXCEEDED, AbortRequest, Aborted, ControlResult, Delivered, Drain, HealthDone, LoraWait, OpenSession,
     ResponseBegin, ResponseCancel, ResponseDelete, ResponseEnd, ResponseStarted, ServerEvent, SessionEnd,
     Submit, Track,
 )
@@ -168,11 +168,15 @@ class Runtime:
                 "responses_store": self.responses.capacity,
                 "max_queue_time_s": self.max_queue_time,
                 "weight_version": self.scheduler.weight_version,
+                "lora": None if self.scheduler.lora_slots is None else {
+                    "max_loaded": self.scheduler.lora_slots.max_loaded,
+                    "max_rank": self.scheduler.lora_slots.max_rank},
                 "watchdog": None if self.watchdog is None else {
                     "timeout": self.watchdog.timeout, "interval": self.watchdog.interval}}
 
     def _request_input(self, event: str, seq: Sequence, params: Any, xkey: str, extra: Any,
-                       deadline: float | None = None, response: str | None = None) -> None:
+                       deadline: float | None = None, response: str | None = None,
+                       lora: str | None = None) -> None:
         """Note a request's arrival in one small dict: the parameters that differ from their
         defaults, its prompt (the sequence's own list, never changed: the note holds no copy),
         and the probe flag, session or target, and deadline when there is one."""
@@ -188,6 +192,8 @@ class Runtime:
             data["deadline_s"] = deadline
         if response is not None:
             data["response"] = response
+        if lora is not None:
+            data["lora"] = lora
         self.recorder.input(event, rid=seq.rid, data=data)
 
     def _input(self, event: str, rid: str | None = None, **data: Any) -> None:
@@ -257,7 +263,8 @@ class Runtime:
         if self.control_actor.alive:
             self.control_actor.tell(AbortRequest(rid, reason=DEADLINE_EXCEEDED))
 
-    def _submit(self, actor: RequestActor, seq: Sequence, deadline: float | None = None) -> RequestHandle:
+    def _submit(self, actor: RequestActor, seq: Sequence, deadline: float | None = None,
+                lora: str | None = None) -> RequestHandle:
         if deadline is not None:
             actor.deadline = deadline
             actor.on_deadline = self._on_deadline
@@ -267,13 +274,14 @@ class Runtime:
         rid = actor.rid
         actor.stream.rid = rid
         actor.stream.on_final = self._on_final     # one bound method for all: no closure each
-        actor.scheduler.tell(Submit(rid, seq, actor))
+        actor.scheduler.tell(Submit(rid, seq, actor, lora))
         return RequestHandle(rid, actor.stream)
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None, *,
                  rid: str | None = None, is_probe: bool = False, session: str | None = None,
                  detokenizer: Any = None, deadline_s: float | None = None,
-                 priority: int | None = None, response: str | None = None) -> RequestHandle:
+                 priority: int | None = None, response: str | None = None,
+                 lora: str | None = None) -> RequestHandle:
         """``session``: the id of a session whose `SessionBegin` composed `prompt_ids` and
         reserved `rid`; the request reports its output to the session when it ends.
         The output stage detokenizes with the runtime's factory (``detokenizer`` replaces it
@@ -282,7 +290,9 @@ class Runtime:
         `Overloaded` when admission control refuses it. ``priority``: its scheduling priority
         (``--scheduling-policy priority``; a non-zero one under FCFS is a `ParamError`).
         ``response``: the id of the stored response this request makes; the request tells the
-        responses store `ResponseStarted` when the scheduler first takes it."""
+        responses store `ResponseStarted` when the scheduler first takes it. ``lora``: the name
+        of the LoRA adapter it runs under (held from its admission to its end; one still loading
+        is waited for; one not loaded or being unloaded fails the request)."""
         rid = self._rid(rid)
         self.check_priority(priority)
         self._admit(self.scheduler, is_probe, len(prompt_ids))
@@ -294,7 +304,7 @@ class Runtime:
             eos = () if sp.ignore_eos else tuple(self.engine_info.eos_token_ids)
             seq.min_stop_ids = tuple(dict.fromkeys((*sp.stop_token_ids, *eos)))
         if self.recorder is not None:
-            self._request_input("generate", seq, sp, "session", session, deadline, response)
+            self._request_input("generate", seq, sp, "session", session, deadline, response, lora)
         if detokenizer is None and self.new_detokenizer is not None:
             detokenizer = self.new_detokenizer(sp)
         actor = GenerationActor(rid, scheduler=self.scheduler, prompt_tokens=len(prompt_ids),
@@ -304,7 +314,7 @@ class Runtime:
         if response is not None:
             actor.on_scheduled = (self.responses, ResponseStarted(response))
         self.stage.tell(Track(rid, actor, detokenizer))
-        return self._submit(actor, seq, deadline)
+        return self._submit(actor, seq, deadline, lora)
 
     async def compile_grammar(self, grammar: tuple[str, str]) -> float:
         """Compile a request's constraint (``SamplingParams.grammar``) on a worker thread, before
@@ -400,6 +410,24 @@ class Runtime:
 
     def snapshot(self) -> ServerSnapshot:
         return ServerSnapshot(**self.control_actor.snapshot(), shed=self.shed)
+
+    def loras(self) -> list[dict[str, Any]]:
+        """The live LoRA adapters (loading, ready, unloading) as plain data, load order."""
+        return self.scheduler.describe_loras()
+
+    def lora_state(self, name: str) -> str | None:
+        """The state of adapter `name` (``loading``, ``ready``, ``unloading``), None: not loaded."""
+        m = self.scheduler.loras.get(name)
+        return None if m is None else m.state.name
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether the generation engine has adapter slots at all."""
+        return self.scheduler.lora_slots is not None and self.scheduler.lora_slots.max_loaded > 0
+
+    def lora_wait(self, name: str) -> "asyncio.Future[str | None]":
+        """Resolves with the adapter's state once it is no longer loading (None: unknown)."""
+        return self.scheduler.ask(LoraWait(name))
 
     @property
     def weight_version(self) -> str:

@@ -113,6 +113,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         # How a step runs: None = the system's worker thread (or inline); re-execution holds
         # each step until the recording says it came back. Called (self, fn, batch, wrap=...).
         self.runner: Any = None
+        self._init_lora()                # LoRA adapters: their lifecycle and holds (scheduler_lora)
 
     def on_start(self) -> None:
         rec = self.system.recorder if self.system is not None else None
@@ -132,6 +133,12 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             self._end(seq, actor, Failed(msg.rid, f"prompt of {seq.num_tokens} tokens leaves no room "
                                                   f"to generate (capacity {capacity} tokens)"))
             return
+        lora = None
+        if msg.lora is not None:       # the adapter it names: held from here to its end
+            lora = self._lora_check(msg.lora)
+            if isinstance(lora, str):
+                self._end(seq, actor, Failed(msg.rid, lora))
+                return
         if self.state is K.idle:
             self.fire("admit")
         self.seqs[msg.rid] = seq
@@ -140,6 +147,8 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             self.prompt_tokens += len(seq.prompt_ids)
         self.arrivals += 1
         seq.order = self.arrivals
+        if lora is not None and not self._lora_hold_or_park(seq, lora):
+            return                     # parked until its adapter's load is over
         (self.probe_lane if seq.is_probe else self.lane).append(seq)
 
     # -- leaving -------------------------------------------------------------------------------
@@ -166,6 +175,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         else:
             self.bm.free(seq)
             self.engine.release(seq)
+            self._lora_release(seq)
         if not self.seqs:
             self._settle()
             self._check_idle()
@@ -182,6 +192,8 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
     def _matches(self, msg: Abort) -> list[str]:
         if msg.abort_all:
             return list(self.seqs)
+        if msg.lora is not None:       # the requests holding an adapter (an unload that aborts)
+            return [rid for rid, seq in self.seqs.items() if seq.lora is not None and seq.lora.name == msg.lora]
         if not msg.rid:  # an empty rid never matches everything
             return []
         if msg.prefix:
@@ -366,6 +378,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         for seq in self._free_after_step:
             self.bm.free(seq)
             self.engine.release(seq)
+            self._lora_release(seq)
         self._free_after_step.clear()
         if not items:
             self._end_step(())
@@ -479,4 +492,5 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             seq = self.seqs[rid]
             self._end(seq, self._drop(rid), Aborted(rid, "server shutting down"))
         self._answer_waiters("server shutting down")
+        self._lora_teardown("server shutting down")
         self.fire("stop")

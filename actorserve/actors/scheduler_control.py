@@ -51,11 +51,12 @@ from ..messages import (
 )
 from ..statemachines import PAUSE_MODES, PAUSED_MODE, SCHEDULER, SchedulerState
 from .actor import Actor, handles
+from .scheduler_lora import SchedulerLora
 
 K = SchedulerState
 
 
-class SchedulerControl(Actor):
+class SchedulerControl(SchedulerLora):
     # owned by SchedulerActor
     state: SchedulerState
     running: list[Any]

@@ -37,6 +37,8 @@ class SchedulerStats:
     spec_accepted_tokens: int = 0   # of those, accepted
     queue_timeouts: int = 0         # requests ended by --max-queue-time (still queued)
     preempted_by_priority: tuple[tuple[int, int], ...] = ()   # (priority, retracted), by priority
+    lora_requests: tuple[tuple[str, int], ...] = ()   # (adapter, requests admitted under it), by name
+    loras_loaded: int = 0                             # LoRA adapters ready now
 
     @property
     def avg_spec_accept_length(self) -> float:
@@ -60,4 +62,6 @@ def stats_of(sched: Any) -> SchedulerStats:
         spec_steps=getattr(sched, "spec_steps", 0), spec_draft_tokens=getattr(sched, "spec_draft_tokens", 0),
         spec_accepted_tokens=getattr(sched, "spec_accepted_tokens", 0),
         queue_timeouts=getattr(sched, "queue_timeouts", 0),
-        preempted_by_priority=tuple(sorted(getattr(sched.policy, "preempted", {}).items())))
+        preempted_by_priority=tuple(sorted(getattr(sched.policy, "preempted", {}).items())),
+        lora_requests=tuple(sorted(getattr(sched, "lora_requests", {}).items())),
+        loras_loaded=sum(1 for m in getattr(sched, "loras", {}).values() if m.state.name == "ready"))

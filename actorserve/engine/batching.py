@@ -61,10 +61,16 @@ class BatchConfig:
     # first (vLLM's order; SGLang's default is the other way, see serve --enable-priority-scheduling).
     scheduling_policy: str = "fcfs"
     priority_low_first: bool = True
+    # Distinct LoRA adapters in one step (``--max-loras``; None: any number): a waiting request
+    # under an adapter no running request has waits, at the head of its queue, while as many
+    # adapters run already (the base model is not an adapter).
+    max_loras: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_batch_tokens, self.max_prefill_chunk) < 1:
             raise ValueError("batch limits must be >= 1")
+        if self.max_loras is not None and self.max_loras < 1:
+            raise ValueError("max_loras must be >= 1")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, "
                              f"got {self.scheduling_policy!r}")
@@ -136,9 +142,14 @@ class BatchPolicy:
             i += 1
         if kv_short:
             return out  # memory is short: admit nothing new this step
+        adapters = {s.lora.uid for s in running if s.lora is not None} if cfg.max_loras else None
         for lane in lanes:
             while lane and budget > 0 and len(out.batch) < cfg.max_num_seqs:
                 seq = lane.peek()
+                if adapters is not None and seq.lora is not None and seq.lora.uid not in adapters:
+                    if len(adapters) >= cfg.max_loras:      # type: ignore[operator]
+                        break          # --max-loras: it waits (no overtaking) for an adapter to leave
+                    adapters.add(seq.lora.uid)
                 cached = bm.match_prefix(seq)
                 n = min(seq.num_uncomputed, budget, cfg.max_prefill_chunk)
                 if not bm.allocate(seq, n):

@@ -26,7 +26,8 @@ class FakeEngine:
     def __init__(self, *, num_blocks: int = 1024, block_size: int = 4, max_model_len: int = 4096,
                  vocab_size: int = 1000, eos_token_id: int = 0,
                  fault: Callable[[list[tuple[Sequence, int]]], None] | None = None,
-                 keep_history: bool = True, alphabet: int | None = None) -> None:
+                 keep_history: bool = True, alphabet: int | None = None, loras: int = 0,
+                 lora_gate: Any = None) -> None:
         self.info = EngineInfo("fake", block_size, num_blocks, max_model_len, (eos_token_id,), vocab_size)
         # With `alphabet`: the next token depends on the last two only, one of 1..alphabet (never
         # EOS), so outputs fall into loops: what n-gram speculation feeds on.
@@ -36,6 +37,12 @@ class FakeEngine:
         self.history: list[list[tuple[str, int]]] = []
         self.released: set[str] = set()
         self.steps = 0
+        # LoRA adapters (`engine.fake_lora`): with `loras` slots, a sequence's tokens under an
+        # adapter are the base's shifted by its digest; None: no adapters (like the HF fallback)
+        self.lora: Any = None
+        if loras:
+            from .fake_lora import FakeLoraSlots
+            self.lora = FakeLoraSlots(loras, gate=lora_gate)
 
     @staticmethod
     def next_token(token_ids: list[int], vocab_size: int) -> int:
@@ -78,16 +85,25 @@ class FakeEngine:
                 ids = seq.prompt_ids
                 outs.append(SeqOutput(seq, pooled=[float(len(ids)), float(sum(ids) % 97)]))
             else:
-                outs.append(SeqOutput(seq, token_id=self.token_after(seq.token_ids())))
+                outs.append(SeqOutput(seq, token_id=self._under_lora(seq, self.token_after(seq.token_ids()))))
         if self.keep_history:
             self.history.append([(s.rid, n) for s, n in batch])
         return outs
+
+    def _under_lora(self, seq: Sequence, tok: int) -> int:
+        """The token under the sequence's adapter (its slot checked, as the runner does)."""
+        if seq.lora is None:
+            return tok
+        if self.lora is None:
+            raise ValueError(f"{seq.rid}: LoRA adapter {seq.lora.name!r} on an engine without adapters")
+        shift = self.lora.shift(self.lora.resolve(seq.lora), self.info.vocab_size)
+        return 1 + (tok - 1 + shift) % (self.info.vocab_size - 1)
 
     def _verify(self, seq: Sequence) -> SeqOutput:
         """A speculative step: the token after the context and after each draft prefix, the
         drafts accepted while they match (as the real runner does)."""
         ctx = seq.token_ids()
-        picks = [self.token_after(ctx + seq.draft[:j]) for j in range(len(seq.draft) + 1)]
+        picks = [self._under_lora(seq, self.token_after(ctx + seq.draft[:j])) for j in range(len(seq.draft) + 1)]
         a = accepted(seq.draft, picks)
         out = SeqOutput(seq, token_id=picks[0])
         out.extra = [SeqOutput(seq, token_id=t) for t in picks[1:a + 1]]

@@ -5,7 +5,10 @@ docs/fleet.md) to the right replicas itself:
 * fan-out to every live replica: ``/abort_request`` (a rid lives on one replica; asking each is
   cheaper than tracking every rid, and the answer says which replica aborted it:
   ``replicas[i].aborted``), ``/pause_generation``, ``/continue_generation``, ``/flush_cache``
-  (the router fans this one out too; here the answer is per replica), ``/is_paused``;
+  (the router fans this one out too; here the answer is per replica), ``/is_paused``; the LoRA
+  adapter loads and unloads (SGLang's and vLLM's routes), so every replica serves the same
+  adapters and the router's cache-aware choice stays correct whichever replica it picks (each
+  replica's prefix cache is keyed by adapter; the router's own tree keys by text only);
 * sessions: ``/open_session`` opens on the replica with the fewest sessions and remembers it;
   ``/close_session`` and every generation request naming the session (``session_params.id``,
   chat's ``session_id``) go straight to that replica, so a session's turns reuse its KV. A
@@ -45,7 +48,9 @@ READ_TIMEOUT_S = 300.0
 _NO_AUTO = ("Content-Type",)
 _HOP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
                   "content-encoding"})
-FANOUT = ("/abort_request", "/pause_generation", "/continue_generation", "/flush_cache")
+FANOUT = ("/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
+          # LoRA adapters live on every replica, so the router may send a request naming one anywhere
+          "/load_lora_adapter", "/unload_lora_adapter", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 SESSION_ROUTES = ("/generate", "/v1/chat/completions", "/v1/completions")
 
 

@@ -23,7 +23,7 @@ from . import (
     cohere_routes, control_routes, debug_routes, native_routes, openai_routes, pooling_routes, responses_routes,
 )
 from . import classify_routes, profile_routes, reasoning_routes, score_routes, tokenize_routes, vllm_routes
-from . import memory_routes, vllm_control_routes, weights_dist_routes, weights_routes
+from . import lora_routes, memory_routes, vllm_control_routes, weights_dist_routes, weights_routes
 from .openapi import openapi_handler
 from .responses_background import BackgroundRuns
 from .errors import APIError, error_middleware, error_response
@@ -96,13 +96,15 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
     app.router.add_routes(pooling_routes.ROUTES + cohere_routes.ROUTES)
     app.router.add_routes(classify_routes.ROUTES + vllm_routes.ROUTES + weights_routes.ROUTES
                           + vllm_control_routes.ROUTES + memory_routes.ROUTES)
-    app.router.add_routes(weights_dist_routes.ROUTES)
+    app.router.add_routes(weights_dist_routes.ROUTES + lora_routes.ROUTES)
     app.router.add_routes(openai_routes.ROUTES + responses_routes.ROUTES + native_routes.ROUTES + control_routes.ROUTES
                           + [web.get("/metrics", metrics_handler), web.get("/openapi.json", openapi_handler)])
     if config.debug_routes:
         debug_routes.setup(app)
     if own_runtime:
         app.cleanup_ctx.append(_runtime_lifetime)
+    if config.model.lora_paths:        # after the runtime has started (cleanup_ctx runs first)
+        app.on_startup.append(lora_routes.load_at_startup)
     else:
         app.on_cleanup.append(_leave_background)
     return app

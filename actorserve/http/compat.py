@@ -124,7 +124,8 @@ def model_cards(ctx: ServerContext) -> list[dict[str, Any]]:
     for pm in (ctx.extra.get("pooling") or {}).values():     # pooling models (embed, rerank, classify)
         data.append({"id": pm.name, "object": "model", "created": ctx.created, "owned_by": "actorserve",
                      "root": pm.name, "parent": None, "max_model_len": pm.max_tokens, "task": pm.target})
-    return data
+    from .lora_routes import adapter_cards
+    return data + adapter_cards(ctx)        # LoRA adapters, parent = the base model (vLLM's)
 
 
 def sglang_server_fields(ctx: ServerContext) -> dict[str, Any]:

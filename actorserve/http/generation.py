@@ -138,23 +138,24 @@ class RequestGroup:
         self.kind = kind
         self.deadline_s = deadline_s      # the request's own deadline (else the server's)
         self.priority = priority or 0     # its scheduling priority (--scheduling-policy priority)
+        self.lora: str | None = None      # the LoRA adapter its requests run under (None: the base)
         self.jobs: list[Job] = []
 
     def default_max(self, ids: list[int]) -> int:
         return max(1, self.ctx.capacity - len(ids))
 
     def submit(self, ids: list[int], sp: SamplingParams, *, rid: str | None = None,
-               session: str | None = None, response: str | None = None) -> Job:
+               session: str | None = None, response: str | None = None, lora: str | None = None) -> Job:
         """Submit one request (one choice); `sp.n` is ignored here (see `submit_n`).
         With ``session``, the request was begun by `session_prompt` under `rid`; ``response``:
-        the stored response it makes (`Runtime.generate`)."""
+        the stored response it makes (`Runtime.generate`); ``lora``: its adapter (else the group's)."""
         try:
             check_prompt(self.ctx, ids)
             metrics = self.ctx.metrics
             timer = metrics.timer(self.kind, priority=self.priority) if metrics is not None else None
             handle = self.ctx.runtime.generate(ids, sp, rid=rid, session=session,
                                                deadline_s=self.deadline_s, priority=self.priority,
-                                               response=response)
+                                               response=response, lora=lora or self.lora)
         except BaseException:
             if session is not None and rid is not None:
                 task = asyncio.ensure_future(self.ctx.runtime.session(SessionEnd(session, rid, submitted=False)))
@@ -165,7 +166,8 @@ class RequestGroup:
         self.jobs.append(job)
         return job
 
-    def submit_n(self, ids: list[int], sp: SamplingParams, *, rid: str | None = None) -> list[Job]:
+    def submit_n(self, ids: list[int], sp: SamplingParams, *, rid: str | None = None,
+                 lora: str | None = None) -> list[Job]:
         """`sp.n` independent requests for one prompt (seeded ones get seed, seed+1, ...)."""
         if sp.n > MAX_N:
             raise APIError(400, f"n must be <= {MAX_N}, got {sp.n}", param="n")
@@ -174,7 +176,7 @@ class RequestGroup:
             one = sp if sp.n == 1 else dataclasses.replace(
                 sp, n=1, seed=None if sp.seed is None else sp.seed + i)
             r = rid if rid is None or sp.n == 1 else f"{rid}-{i}"
-            out.append(self.submit(ids, one, rid=r))
+            out.append(self.submit(ids, one, rid=r, lora=lora))
         return out
 
     # -- reading -----------------------------------------------------------------------------------

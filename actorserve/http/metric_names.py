@@ -127,6 +127,9 @@ TABLE: tuple[Metric, ...] = (
     Metric("isolated_failures", C, "requests", "Requests failed as the cause of a model step's "
            "failure (the others went on)"),
     # -- sampled from each pooling engine's scheduler (label engine: its target) ---------------
+    Metric("lora_requests", C, "requests", "Requests admitted under each LoRA adapter (since start)",
+           labels=("lora_name",)),
+    Metric("lora_adapters_loaded", G, "adapters", "LoRA adapters loaded and ready"),
     Metric("pool_num_requests_running", G, "requests", "Pooling requests in a pooling engine's "
            "running batch", labels=("engine",)),
     Metric("pool_num_requests_waiting", G, "requests", "Pooling requests queued for a pooling "

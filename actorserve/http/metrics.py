@@ -52,10 +52,12 @@ _FROM_STATS: dict[str, Callable[[Any, Any, float], float]] = {
     "step_isolations": lambda st, snap, tput: st.isolations,
     "isolated_failures": lambda st, snap, tput: st.isolated_failures,
     "queue_timeouts": lambda st, snap, tput: st.queue_timeouts,
+    "lora_adapters_loaded": lambda st, snap, tput: st.loras_loaded,
 }
 # Sampled with a label beside model_name: feed -> [(label value, value)] from the stats.
 _FROM_STATS_LABELLED: dict[str, Callable[[Any], list[tuple[str, float]]]] = {
     "preemptions_by_priority": lambda st: [(str(p), n) for p, n in st.preempted_by_priority],
+    "lora_requests": lambda st: list(st.lora_requests),
 }
 # Sampled per pooling engine: feed -> the `SchedulerStats` field.
 _FROM_POOL = {"pool_num_requests_running": "running", "pool_num_requests_waiting": "waiting",

@@ -31,6 +31,7 @@ from .generation import (
 )
 from .logprobs import NativeLogprobs
 from .native_schemas import GenerateRequest
+from .lora_routes import lora_for_paths
 from .schemas import read_json
 from .compat import sglang_server_fields
 from .state import CTX
@@ -107,6 +108,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     check_fanout(sum(sp.n for sp in params), "sampling_params.n")
     for grammar, param in constraints.items():     # each distinct one once, off the loop
         await compile_constraint(ctx.runtime, grammar, param)
+    loras = await lora_for_paths(ctx, body.lora_path, len(prompts))
     batch = batch or any(sp.n > 1 for sp in params)
     sess = body.session_params
     if sess is not None and (batch or not isinstance(body.rid, (str, type(None)))):
@@ -128,13 +130,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
             except FieldError:
                 await ctx.runtime.session(SessionEnd(sess.id, rid, submitted=False))
                 raise
-            job = group.submit(ids, params[0], rid=rid, session=sess.id)
+            job = group.submit(ids, params[0], rid=rid, session=sess.id, lora=loras[0])
             lp_of[job.index] = logs[0].collector(ctx, ids, with_text)
             prompt_len[job.index] = len(ids)
         for i, (ids, sp) in enumerate(zip(prompts, params)):
             if sess is not None:
                 break
-            for job in group.submit_n(ids, sp, rid=body.rid_for(i, len(prompts), batch)):
+            for job in group.submit_n(ids, sp, rid=body.rid_for(i, len(prompts), batch), lora=loras[i]):
                 lp_of[job.index] = logs[i].collector(ctx, ids, with_text)
                 prompt_len[job.index] = len(ids)
                 if i in zero:

@@ -21,6 +21,9 @@ from .schemas import (
 )
 
 
+LoraPath = Annotated[StrictStr, Field(min_length=1, max_length=256)]
+
+
 class NativeSampling(_Body):
     max_new_tokens: MaxNewTokens | None = None
     min_new_tokens: MinTokens = 0
@@ -82,6 +85,8 @@ class GenerateRequest(_Body):
     session_params: SessionParams | None = None
     request_timeout: RequestTimeout | None = None
     priority: Priority | None = None
+    # SGLang's: the LoRA adapter (a loaded adapter's name) for every input, or one per input (null: the base)
+    lora_path: LoraPath | Annotated[list[LoraPath | None], Field(max_length=MAX_BATCH)] | None = None
 
     def items(self) -> tuple[list[str | list[int]], bool]:
         """The prompts, and whether the request is a batch (list in, list out)."""

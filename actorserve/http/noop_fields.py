@@ -19,7 +19,8 @@ Three kinds of sender do that:
 Each field in `NOOP_VALUES` is dropped before validation **only when its value is null or the
 one listed** (the value under which the server behaves exactly as if it were absent) and only
 where the body does not declare the field itself; any other value is still the 400 it was: a
-server that cannot honour ``lora_path: "my-adapter"`` must not pretend to.
+body that cannot honour ``lora_path: "my-adapter"`` must not pretend to (``/generate`` declares
+``lora_path``, and serves it: `lora_routes`).
 
 `drop_noop_fields` is called by every body model before validation.
 """

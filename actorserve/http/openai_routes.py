@@ -36,11 +36,16 @@ from .schemas import ChatCompletionRequest, CompletionRequest, read_json
 from .state import CTX, ServerContext
 from .tools import ToolPlan, plan_tools
 from .weight_versions import response_metadata
+from .lora_routes import is_adapter, lora_for_model
 
 
 def resolve_model(ctx: ServerContext, model: str | None) -> str:
+    """The name the answer gives: the served model, or the LoRA adapter named (as sent,
+    `lora_routes.lora_for_model` picks the adapter); else the 404."""
     if model is None or model in ctx.model_names():
         return ctx.served_name
+    if is_adapter(ctx, model):
+        return model
     raise APIError(404, f"The model `{model}` does not exist; served: {ctx.served_name!r} "
                         f"(alias {ctx.model_names()[1]!r})", type="invalid_request_error",
                    code="model_not_found", param="model")
@@ -91,6 +96,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ids = truncate_prompt(ids, body.truncate_prompt_tokens, ctx.capacity)
     rplan = plan_reasoning(ctx, body, ids)
     group = RequestGroup(ctx, "chat", deadline_s=body.request_timeout, priority=body.priority)
+    group.lora = await lora_for_model(ctx, body.model)
     sess = body.session_params or (SessionParams(id=body.session_id) if body.session_id else None)
     if sess is not None and body.n != 1:
         raise APIError(400, "a session request takes n = 1", param="n")
@@ -198,6 +204,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     encoded = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in given]
     prompts = [truncate_prompt(e, body.truncate_prompt_tokens, ctx.capacity) for e in encoded]
     group = RequestGroup(ctx, "completion", deadline_s=body.request_timeout, priority=body.priority)
+    group.lora = await lora_for_model(ctx, body.model)
     constraint = _grammar(body)
     grammar = constraint[0] if constraint else None
     params = [body.sampling(group.default_max(ids), grammar) for ids in prompts]

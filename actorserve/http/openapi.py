@@ -30,7 +30,7 @@ from .. import __version__
 from ..statemachines import LIFECYCLES
 from . import (
     cohere_routes, control_routes, debug_routes, health_routes, native_routes, openai_routes, responses_routes,
-    pooling_routes, profile_routes, vllm_control_routes, weights_dist_routes, weights_routes,
+    lora_routes, pooling_routes, profile_routes, vllm_control_routes, weights_dist_routes, weights_routes,
 )
 from .cohere_schemas import CohereEmbedRequest, CohereRerankRequest
 from .responses_schemas import InputItemsQuery, ResponsePath, ResponsesRequest, RetrieveQuery
@@ -43,6 +43,7 @@ from .state import CTX
 from . import classify_routes, reasoning_routes, score_routes, tokenize_routes, vllm_routes
 from .reasoning_routes import SeparateReasoningRequest
 from .weights_dist_routes import DestroyGroupBody, InitGroupBody, UpdateDistributedBody
+from .lora_routes import LoadLoraBody, UnloadLoraBody
 from .weights_routes import UpdateFromDiskBody, UpdateFromTensorBody, UpdateVersionBody, WeightsByNameBody
 from . import memory_routes
 from .memory_routes import MemoryTagsBody, SleepQuery, WakeUpQuery
@@ -175,6 +176,11 @@ OPERATIONS: dict[Callable[..., Any], Op] = {
                                                             UpdateDistributedBody),
     weights_dist_routes.destroy_weights_update_group: Op("Leave and free the weight update group (SGLang)",
                                                          DestroyGroupBody),
+    lora_routes.sglang_load: Op("Load a LoRA adapter (SGLang); shared with a load of it in flight", LoadLoraBody),
+    lora_routes.sglang_unload: Op("Unload a LoRA adapter once no request holds it (SGLang)", UnloadLoraBody),
+    lora_routes.vllm_load: Op("Load a LoRA adapter (vLLM): a plain-text answer", LoadLoraBody, media="text/plain"),
+    lora_routes.vllm_unload: Op("Unload a LoRA adapter (vLLM): a plain-text answer", UnloadLoraBody,
+                                media="text/plain"),
     weights_routes.update_weight_version: Op("Relabel the served weights' version (SGLang)", UpdateVersionBody),
     weights_routes.get_weight_version: Op("The served weights' version"),
     weights_routes.get_weights_by_name: Op("One parameter's values, first dimension truncated (SGLang)",

@@ -55,6 +55,7 @@ from .generation import (
     RequestGroup, check_accepting, check_admission, check_prompt, check_sampling, session_prompt,
 )
 from .openai_routes import chat_logprobs, resolve_model
+from .lora_routes import lora_for_model
 from .reasoning_plan import ReasoningPlan, plan_reasoning
 from .responses_items import (
     call_item, chat_tool_choice, chat_tools, message_item, read_input, response_id, response_object,
@@ -177,6 +178,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     constraint = _constraint(body, plan)
     rplan = plan_reasoning(ctx, body, ids)
     group = RequestGroup(ctx, "responses", deadline_s=body.request_timeout, priority=body.priority)
+    group.lora = await lora_for_model(ctx, body.model)      # an adapter's KV is its own (the prefix cache's salt)
     check_prompt(ctx, ids, "input")
     check_sampling(ctx, rplan.sampling(body.sampling(group.default_max(ids),
                                                      constraint[0] if constraint else None)),

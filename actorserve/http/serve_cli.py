@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
+from typing import Any
 
 from ..config import METRICS_AUTH, METRICS_SCHEMES, ModelConfig, RecorderConfig, SchedulerConfig, ServerConfig
 from ..engine.batching import SCHEDULING_POLICIES, BatchConfig
@@ -39,6 +41,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight-version", default="default",
                    help="the served weights' version, answered as weight_version (SGLang's); "
                         "/update_weights_from_disk and /update_weight_version change it")
+    p.add_argument("--lora-paths", "--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters (PEFT folders) to load at start-up: NAME=PATH, a bare PATH "
+                        "(named by it, SGLang's), or JSON {\"lora_name\", \"lora_path\", \"pinned\"} "
+                        "(vLLM's {\"name\", \"path\"} too); requests name one with model: NAME")
+    p.add_argument("--max-loras", "--max-loras-per-batch", type=int, default=None, metavar="N",
+                   help="distinct LoRA adapters in one step (default: any number); a request under "
+                        "another adapter waits for one to leave")
+    p.add_argument("--max-loaded-loras", type=int, default=8, metavar="N",
+                   help="LoRA adapters held at once (default 8); a load beyond evicts the least "
+                        "recently used adapter that is not pinned and not in use")
+    p.add_argument("--max-lora-rank", type=int, default=64, metavar="R",
+                   help="the largest adapter rank accepted (default 64)")
+    p.add_argument("--enable-lora", action="store_true",
+                   help="accepted for vLLM's command lines: adapters are always enabled")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="tokens computed in one step, prefill chunks and decodes together")
@@ -139,6 +155,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         # vLLM's flag: lower first; SGLang's alone: higher first unless told otherwise
         batch_kw["priority_low_first"] = (getattr(args, "scheduling_policy", "fcfs") == "priority"
                                           or bool(getattr(args, "schedule_low_priority_values_first", False)))
+    if getattr(args, "max_loras", None) is not None:
+        batch_kw["max_loras"] = args.max_loras
     from ..replay.fleet import recording_path
 
     record, replica = recording_path(args.record, getattr(args, "replica_id", None))
@@ -152,7 +170,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                           weight_version=getattr(args, "weight_version", "default"),
                           embedding_model=None if str(args.embedding_model).lower() in ("none", "off", "")
                           else args.embedding_model,
-                          rerank_model=args.rerank_model, classify_model=args.classify_model),
+                          rerank_model=args.rerank_model, classify_model=args.classify_model,
+                          max_loaded_loras=_at_least(getattr(args, "max_loaded_loras", 8), 0, "--max-loaded-loras"),
+                          max_lora_rank=_at_least(getattr(args, "max_lora_rank", 64), 1, "--max-lora-rank"),
+                          lora_paths=parse_lora_paths(getattr(args, "lora_paths", None) or ())),
         scheduler=SchedulerConfig(batch=BatchConfig(**batch_kw),
                                   watchdog_timeout_s=getattr(args, "watchdog_timeout", None),
                                   max_queued_requests=getattr(args, "max_queued_requests", None),
@@ -168,6 +189,41 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         metrics_names=getattr(args, "metrics_names", "actorserve"),
         metrics_auth=getattr(args, "metrics_auth", "required"),
         profile_dir=getattr(args, "profile_dir", None))
+
+
+def _at_least(value: int, low: int, flag: str) -> int:
+    if value < low:
+        raise ValueError(f"{flag} must be >= {low}, got {value}")
+    return value
+
+
+def parse_lora_paths(items: Any) -> tuple[tuple[str, str, bool], ...]:
+    """``--lora-paths`` entries as (name, path, pinned): NAME=PATH, a bare PATH (its own name,
+    SGLang's), or a JSON object (SGLang's lora_name/lora_path/pinned, vLLM's name/path)."""
+    out: dict[str, tuple[str, str, bool]] = {}
+    for item in items:
+        item = str(item).strip()
+        if item.startswith("{"):
+            try:
+                obj = json.loads(item)
+            except ValueError as exc:
+                raise ValueError(f"--lora-paths {item!r}: not JSON ({exc})") from None
+            name, path = obj.get("lora_name", obj.get("name")), obj.get("lora_path", obj.get("path"))
+            pinned = obj.get("pinned", False)
+            if not isinstance(name, str) or not isinstance(path, str) or not isinstance(pinned, bool):
+                raise ValueError(f"--lora-paths {item!r}: needs string lora_name and lora_path "
+                                 "(and a boolean pinned)")
+        elif "=" in item:
+            name, _, path = item.partition("=")
+            pinned = False
+        else:
+            name, path, pinned = item, item, False
+        if not name or not path or ":" in name or any(c.isspace() for c in name):
+            raise ValueError(f"--lora-paths {item!r}: a name (no spaces or ':') and a path are needed")
+        if name in out:
+            raise ValueError(f"--lora-paths: the name {name!r} is given twice")
+        out[name] = (name, path, pinned)
+    return tuple(out.values())
 
 
 def _reasoning_parser(name: str | None) -> str | None:

@@ -84,7 +84,8 @@ def build_runtime(config: ServerConfig) -> Built:
         log.warning("%s has no chat template; chat requests use a plain ChatML fallback", name)
         tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
     engine = build_engine(model, num_blocks=blocks, block_size=mc.block_size, threads=mc.threads,
-                          tokenizer=hf_tok, model_name=name, decode_attention=mc.decode_attention)
+                          tokenizer=hf_tok, model_name=name, decode_attention=mc.decode_attention,
+                          max_loaded_loras=mc.max_loaded_loras, max_lora_rank=mc.max_lora_rank)
     if engine.info.attention:
         log.info("decode attention: %s", engine.info.attention)
     if getattr(engine, "grammar", None) is not None:      # read the vocabulary for xgrammar now,

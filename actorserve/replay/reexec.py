@@ -38,12 +38,13 @@ from ..engine.params import PoolingParams, SamplingParams
 from ..statemachines import LIFECYCLES
 from .recorder import Event, FlightRecorder
 from .reexec_weights import OPS as WEIGHT_OPS, WeightsPlayback, compare_versions
+from .reexec_lora import OPS as LORA_OPS, LoraPlayback
 from .standin import ReplayClock, ReplayDetokenizer, ReplayEngine
 
 CONTROL_MESSAGES = ("AbortRequest", "PauseGeneration", "ContinueGeneration", "FlushCache",
                     "OpenSession", "CloseSession", "HealthCheck", "ServerEvent", "Drain",
                     "SessionBegin", "SessionEnd", "ResponseBegin", "ResponseEnd", "ResponseDelete",
-                    "ResponseCancel")
+                    "ResponseCancel", *LORA_OPS)
 
 # control messages a re-execution cannot replay, and why (the recording says so in its error)
 UNREPLAYABLE = {
@@ -137,7 +138,7 @@ def _tuples(args: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
 
 
-REQUEST_KEYS = ("prompt", "probe", "session", "target", "deadline_s", "priority", "response")
+REQUEST_KEYS = ("prompt", "probe", "session", "target", "deadline_s", "priority", "response", "lora")
 
 
 def _params(d: dict[str, Any]) -> dict[str, Any]:
@@ -230,6 +231,7 @@ class _Driver:
             s.runner = self._hold
         self.report = ReexecReport(inputs=len(self.inputs))
         self.weights = WeightsPlayback(self, self.inputs, RecordingError)
+        self.loras = LoraPlayback(self, setup, RecordingError)      # adapters: reloaded where they were
         # events the recording has before the runtime's set-up (made by whoever owned the recorder)
         self.offset = self.inputs[0].seq - 1
         self.futures: list[Any] = []
@@ -309,7 +311,7 @@ class _Driver:
             rt.generate(list(d["prompt"]), SamplingParams(**_params(d)), rid=e.rid,
                         detokenizer=ReplayDetokenizer(stop_at), is_probe=d.get("probe", False),
                         session=d.get("session"), deadline_s=d.get("deadline_s"),
-                        priority=d.get("priority"), response=d.get("response"))
+                        priority=d.get("priority"), response=d.get("response"), lora=d.get("lora"))
         elif e.event == "pool":
             rt.pool(list(d["prompt"]), PoolingParams(**_params(d)), rid=e.rid,
                     is_probe=d.get("probe", False), target=d.get("target"),
@@ -339,6 +341,9 @@ class _Driver:
                 rt.delivered(e.rid)
         elif e.event == "step_end":
             self._step_end(e, d)
+        elif e.event == "lora_read":
+            if not self.loras.feed(e):
+                self._drifted(e)
         elif e.event in ("weights_read", "weights_applied"):
             if not self.weights.feed(e):
                 self._drifted(e)
@@ -424,6 +429,6 @@ async def reexecute(events: list[Event], *, batch: BatchConfig | None = None,
     replayed = await driver.run()
     report = compare(events, replayed, driver.report, cut=cut)
     report.fillers = driver.engine.fillers
-    report.weights = driver.weights.notes
+    report.weights = driver.weights.notes + driver.loras.notes
     report.weights_diffs = driver.weights.diffs + compare_versions(events, replayed)
     return report

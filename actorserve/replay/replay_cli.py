@@ -72,6 +72,10 @@ def timeline(events: list, rid: str) -> list[str]:
             arrow = f"{e.src or '∅'} -> {e.dst}" if e.ok else f"{e.src} -x {e.event} REFUSED: {e.error}"
             lines.append(f"{e.seq:>8}  +{ms:10.3f} ms  {e.kind:<11} {e.event:<14} {arrow}"
                          + (f"  (cause {e.cause})" if e.cause else ""))
+    lora = next(((e.data or {}).get("lora") for e in mine if e.kind == "input" and e.event == "generate"
+                 and (e.data or {}).get("lora")), None)
+    if lora is not None:             # the adapter it ran under (`Runtime.generate`'s recorded input)
+        lines.insert(0, f"LoRA adapter: {lora}")
     return lines
 
 

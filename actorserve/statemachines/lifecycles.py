@@ -17,6 +17,9 @@ and the long-lived actors have theirs:
 * weights     ``serving -> updating -> serving`` (a weight update at a step barrier), ``updating ->
               failed -> serving`` (a bad load: the old weights keep serving), ``rename`` (a new
               version label, same weights);
+* lora        a LoRA adapter: ``loading -> ready -> unloading -> unloaded`` (an unload waits for the
+              requests that hold it), ``loading -> failed`` (a bad folder), ``ready -> unloaded``
+              (``evict``: least recently used, unpinned, unheld, when a load needs its slot);
 * response    a stored `/v1/responses` object: ``queued -> in_progress -> completed | incomplete |
               failed | cancelled``, then ``deleted`` (the client) or ``evicted`` (the store's bound).
 
@@ -111,6 +114,14 @@ class SessionState(enum.Enum):
 class WeightsState(enum.Enum):
     serving = "serving"
     updating = "updating"
+    failed = "failed"
+
+
+class LoraState(enum.Enum):
+    loading = "loading"
+    ready = "ready"
+    unloading = "unloading"
+    unloaded = "unloaded"
     failed = "failed"
 
 
@@ -309,9 +320,28 @@ WEIGHTS = Lifecycle(
         "old weights serving.",
 )
 
+L = LoraState
+
+LORA = Lifecycle(
+    name="lora",
+    states=LoraState,
+    initial=L.loading,
+    terminal=frozenset({L.unloaded, L.failed}),
+    edges=(
+        Edge("loaded", (L.loading,), L.ready),          # read off the loop, placed in a slot
+        Edge("load_failed", (L.loading,), L.failed),    # a bad folder, no slot free: never served
+        Edge("unload", (L.ready,), L.unloading),        # new requests refused; holders finish (or abort)
+        Edge("unloaded", (L.unloading,), L.unloaded),   # the last holder left: the slot is freed
+        Edge("evict", (L.ready,), L.unloaded),          # LRU, unpinned and unheld, for another load
+    ),
+    doc="A LoRA adapter: requests naming one that is loading wait for (and share) its one load; "
+        "each request holds its adapter from admission to its end, so an unload waits for its "
+        "holders and refuses new requests; a pinned adapter is never evicted.",
+)
+
 LIFECYCLES: dict[str, Lifecycle] = {
     lc.name: lc for lc in (GENERATION, POOLING, CONTROL, SERVER, HEALTH, SCHEDULER, SESSION, RESPONSE,
-                           WEIGHTS)
+                           WEIGHTS, LORA)
 }
 
 from .memory import MEMORY  # noqa: E402  (memory release per tag: its own module)

@@ -1,0 +1,212 @@
+"""Multi-LoRA over HTTP on the tiny model, adapters built here with `peft` (non-zero B): the
+official `openai` client's ``model: "<adapter>"`` (vLLM's) and ``"<base>:<adapter>"`` (SGLang's)
+against PEFT's merged model; ``/generate``'s per-input ``lora_path``; base + 3 adapters in one
+batch each as alone; the load/unload routes in both shapes and their refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+
+peft = pytest.importorskip("peft")
+
+import openai
+import torch
+from aiohttp.test_utils import TestClient, TestServer
+from openai import AsyncOpenAI
+
+from actorserve.actors.runtime import Runtime
+from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig
+from actorserve.engine.batching import BatchConfig
+from actorserve.http.app import build_app
+from actorserve.replay.recorder import FlightRecorder
+from actorserve.statemachines import LIFECYCLES
+
+from http_support import NAME, assert_error, load_tiny, settle
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ADAPTERS = {"a1": dict(r=8, lora_alpha=16, target_modules=ALL),
+            "a2": dict(r=4, lora_alpha=8, use_rslora=True, target_modules=["q_proj", "v_proj"]),
+            "a3": dict(r=2, lora_alpha=4, target_modules=["o_proj", "gate_proj", "up_proj", "down_proj"])}
+PROMPT = [1, 415, 2936, 9060, 285, 1142, 28705, 1750]
+N = 8
+
+
+def build_adapter(base, folder, seed: int, **fields):
+    torch.manual_seed(seed)
+    model = peft.get_peft_model(copy.deepcopy(base), peft.LoraConfig(lora_dropout=0.0, **fields))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:            # PEFT starts B at zero: the adapter would change nothing
+                p.normal_(0, 2.0)
+            elif "lora_A" in name:
+                p.normal_(0, 2.0)
+    model.save_pretrained(str(folder))
+    return model.merge_and_unload().eval()
+
+
+def greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    model, hf_tok, tok = load_tiny()
+    from transformers import LlamaForCausalLM
+    base = LlamaForCausalLM(model.config)       # a plain copy (the served one holds packed weights)
+    base.load_state_dict(model.state_dict())
+    base.eval()
+    root = tmp_path_factory.mktemp("lora_http")
+    want = {None: greedy(base, PROMPT, N)}
+    for i, (name, fields) in enumerate(ADAPTERS.items()):
+        merged = build_adapter(base, root / name, seed=30 + i, **fields)
+        want[name] = greedy(merged, PROMPT, N)
+    assert len({tuple(v) for v in want.values()}) == 4, want     # each adapter changes the output
+    return (model, hf_tok, tok), root, want
+
+
+class serve:
+    def __init__(self, world, *, lora_paths=(), max_loaded: int = 8, batch: BatchConfig | None = None):
+        (model, hf_tok, tok), self.root, self.want = world
+        from actorserve.engine.runner import build_engine
+        engine = build_engine(model, num_blocks=64, block_size=16, tokenizer=hf_tok, model_name=NAME,
+                              max_loaded_loras=max_loaded)
+        self.rt = Runtime(engine, config=SchedulerConfig(batch=batch or BatchConfig(), step_in_thread=True),
+                          recorder=FlightRecorder(capacity=100_000, lifecycles=LIFECYCLES.values()))
+        config = ServerConfig(model=ModelConfig(model="tiny", kv_blocks=64, lora_paths=tuple(
+            (n, str(self.root / n), False) for n in lora_paths)))
+        self.app = build_app(self.rt, tok, config, NAME)
+
+    async def __aenter__(self):
+        self.server = TestServer(self.app, host="127.0.0.1", port=0, handler_cancellation=True)
+        await self.server.__aenter__()
+        self.http = TestClient(self.server)
+        await self.http.__aenter__()
+        return self.http, self.rt
+
+    async def __aexit__(self, *exc):
+        await self.http.__aexit__(*exc)
+        await self.server.__aexit__(*exc)
+
+
+def client_for(http) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="x", max_retries=0, timeout=60)
+
+
+async def ids_of(http, name: str | None, prompt=PROMPT) -> list[int]:
+    body = {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": N, "ignore_eos": True}}
+    if name is not None:
+        body["lora_path"] = name
+    r = await http.post("/generate", json=body)
+    assert r.status == 200, await r.text()
+    return (await r.json())["output_ids"]
+
+
+async def test_openai_client_adapter_output_equals_peft_merged(world):
+    async with serve(world, lora_paths=("a1", "a2", "a3")) as (http, rt):
+        _, _, tok = world[0]
+        want = world[2]
+        async with client_for(http) as client:
+            models = await client.models.list()
+            cards = {m.id: m for m in models.data}
+            assert {"a1", "a2", "a3", NAME} <= set(cards)
+            assert cards["a1"].parent == NAME and cards[NAME].parent is None
+            for name in (None, "a1", "a2", "a3"):
+                c = await client.completions.create(model=name or NAME, prompt=PROMPT, max_tokens=N,
+                                                    temperature=0, extra_body={"ignore_eos": True})
+                assert c.model == (name or NAME)
+                assert c.choices[0].text == tok.decode(want[name]), name
+                assert c.usage.completion_tokens == N
+            sg = await client.completions.create(model=f"{NAME}:a2", prompt=PROMPT, max_tokens=N,
+                                                 temperature=0, extra_body={"ignore_eos": True})
+            assert sg.choices[0].text == tok.decode(want["a2"])       # SGLang's "<base>:<adapter>"
+            chat = [{"role": "user", "content": "hello"}]
+            a = await client.chat.completions.create(model="a3", messages=chat, max_tokens=6, temperature=0)
+            b = await client.chat.completions.create(model=f"{NAME}:a3", messages=chat, max_tokens=6, temperature=0)
+            base = await client.chat.completions.create(model=NAME, messages=chat, max_tokens=6, temperature=0)
+            assert a.choices[0].message.content == b.choices[0].message.content != base.choices[0].message.content
+            stream = await client.completions.create(model="a1", prompt=PROMPT, max_tokens=N, temperature=0,
+                                                     stream=True, extra_body={"ignore_eos": True})
+            assert "".join([ch.choices[0].text async for ch in stream if ch.choices]) == tok.decode(want["a1"])
+            with pytest.raises(openai.NotFoundError) as nf:
+                await client.completions.create(model="nope", prompt=PROMPT, max_tokens=1)
+            assert nf.value.body["code"] == "model_not_found"
+        for name in (None, "a1", "a2", "a3"):
+            assert await ids_of(http, name) == want[name]
+        await settle(rt)
+        assert all(a["holders"] == 0 for a in rt.loras())
+
+
+async def test_base_and_three_adapters_in_one_batch_each_as_alone(world):
+    async with serve(world, lora_paths=("a1", "a2", "a3")) as (http, rt):
+        want = world[2]
+        names = [None, "a1", "a2", "a3", "a1", None]
+        body = {"input_ids": [PROMPT] * len(names), "lora_path": names,
+                "sampling_params": {"temperature": 0, "max_new_tokens": N, "ignore_eos": True}}
+        r = await http.post("/generate", json=body)
+        assert r.status == 200, await r.text()
+        outs = [o["output_ids"] for o in await r.json()]
+        assert outs == [want[n] for n in names]
+        # concurrent requests from separate clients too
+        got = await asyncio.gather(*(ids_of(http, n) for n in names))
+        assert got == [want[n] for n in names]
+        mixed = [s for s in rt.recorder.events(kind="step") if len({m[0] for m in s.data["batch"]}) >= 4]
+        assert mixed, "no step mixed the base and the adapters"
+        await settle(rt)
+
+
+async def test_load_unload_routes_in_both_shapes_and_their_refusals(world):
+    async with serve(world, max_loaded=2) as (http, rt):
+        root, want = world[1], world[2]
+        r = await http.post("/load_lora_adapter", json={"lora_name": "a1", "lora_path": str(root / "a1")})
+        body = await r.json()
+        assert r.status == 200 and body["success"] is True and body["loaded_adapters"] == {"a1": str(root / "a1")}
+        r = await http.post("/v1/load_lora_adapter", json={"lora_name": "a2", "lora_path": str(root / "a2")})
+        assert r.status == 200 and await r.text() == "Success: LoRA adapter 'a2' added successfully."
+        assert await ids_of(http, "a2") == want["a2"]
+        # already loaded (vLLM's 400), a bad folder (names lora_path), missing field, bad name
+        r = await http.post("/v1/load_lora_adapter", json={"lora_name": "a2", "lora_path": str(root / "a2")})
+        assert r.status == 400 and "already been loaded" in (await r.json())["error"]["message"]
+        r = await http.post("/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(root / "nowhere")})
+        body = await r.json()
+        assert r.status == 400 and body["success"] is False and body["error"]["param"] == "lora_path"
+        assert "not a folder" in body["error_message"]
+        r = await http.post("/load_lora_adapter", json={"lora_name": "x"})
+        assert r.status == 400 and (await r.json())["error"]["param"] == "lora_path"
+        r = await http.post("/v1/load_lora_adapter", json={"lora_name": "a b", "lora_path": "/tmp"})
+        assert r.status == 400 and (await r.json())["error"]["param"] == "lora_name"
+        r = await http.post("/v1/load_lora_adapter", json={"lora_name": "z", "lora_path": "/tmp", "x": 1})
+        assert r.status == 400 and (await r.json())["error"]["param"] == "x"
+        # a third adapter evicts the least recently used (a1: a2 ran last)
+        r = await http.post("/load_lora_adapter", json={"lora_name": "a3", "lora_path": str(root / "a3"), "pinned": True})
+        assert r.status == 200 and set((await r.json())["loaded_adapters"]) == {"a2", "a3"}
+        # requests naming what is not loaded: 400 on /generate (SGLang), 404 on OpenAI routes (vLLM)
+        r = await http.post("/generate", json={"input_ids": PROMPT, "lora_path": "a1"})
+        body = await r.json()
+        assert r.status == 400 and body["error"]["param"] == "lora_path", body
+        r = await http.post("/generate", json={"input_ids": [PROMPT, PROMPT], "lora_path": ["a2"]})
+        assert r.status == 400 and (await r.json())["error"]["param"] == "lora_path"
+        r = await http.post("/v1/completions", json={"model": "a1", "prompt": "hi", "max_tokens": 1})
+        assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+        # unloads: vLLM's 404 for an unknown name, SGLang's 400; then the adapter is gone
+        r = await http.post("/v1/unload_lora_adapter", json={"lora_name": "a1"})
+        assert r.status == 404
+        assert_error(await r.json())
+        r = await http.post("/unload_lora_adapter", json={"lora_name": "a1"})
+        assert r.status == 400 and (await r.json())["success"] is False
+        r = await http.post("/v1/unload_lora_adapter", json={"lora_name": "a2"})
+        assert r.status == 200 and await r.text() == "Success: LoRA adapter 'a2' removed successfully."
+        r = await http.post("/unload_lora_adapter", json={"lora_name": "a3"})
+        assert r.status == 200 and (await r.json())["loaded_adapters"] == {}
+        r = await http.get("/v1/models")
+        assert [m["id"] for m in (await r.json())["data"] if m["parent"]] == []
+        assert await ids_of(http, None) == want[None]            # still serving
+        await settle(rt)
+        ops = [(e.data or {}).get("op") for e in rt.recorder.events(kind="control") if e.event == "create"]
+        assert ops.count("load_lora_adapter") == 5 and ops.count("unload_lora_adapter") == 4
