@@ -17,6 +17,7 @@ sampled): a span that starts past them is left out, and an empty answer keeps on
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterable
 
 
@@ -29,9 +30,13 @@ def version_fields(spans: Iterable[tuple[str, int, int]], n_tokens: int, served:
     return {"weight_version": shown[-1]["version"], "weight_versions": shown}
 
 
-def response_metadata(outs: list[Any], served: str) -> dict[str, Any]:
-    """An OpenAI response's ``metadata`` (SGLang's): from its first choice, as SGLang builds it."""
+def response_metadata(outs: list[Any], served: str) -> dict[str, str]:
+    """An OpenAI response's ``metadata``, from its first choice as SGLang builds it, but with
+    string values only, as the OpenAI API types ``metadata`` (the official client's models warn
+    on anything else): ``weight_versions`` is the spans' compact JSON text."""
     if not outs:
         return {"weight_version": served}
     first = outs[0]
-    return version_fields(first.weight_versions, first.completion_tokens, served)
+    fields = version_fields(first.weight_versions, first.completion_tokens, served)
+    return {"weight_version": fields["weight_version"],
+            "weight_versions": json.dumps(fields["weight_versions"], separators=(",", ":"))}
