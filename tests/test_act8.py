@@ -95,14 +95,16 @@ def test_act8_rounds_the_activations_and_stays_close_to_the_exact_product():
     # wider steps (prefill): N a multiple of 16, so the superblock kernel takes them too (where
     # it is vectorised; the portable loops leave them to the dense weight)
     assert a8.w.sb is not None and a8.w.kind == 4 | quant.ACT8 | quant.N16
-    wide = torch.randn(100, 576)
+    # seeded (the suite's order must not matter): a float32 product landing within an ulp of a
+    # rounding boundary of x / dx can round either way in the SIMD kernel and in the reference
+    wide = torch.randn(100, 576, generator=torch.Generator().manual_seed(7))
     if quant._act8_simd():
         torch.testing.assert_close(a8(wide).double(), reference(wide, a8.w), atol=1e-4, rtol=1e-5)
     else:
         torch.testing.assert_close(a8(wide), F.linear(wide, a8.module.weight, a8.module.bias))
     odd = _linear("q4", 72, 576, 4, lib)                 # N = 72: the row kernel, and dense beyond
     assert odd.w.sb is None and odd.w.kind == 4 | quant.ACT8
-    wide = torch.randn(quant.MAX_ROWS + 1, 576)
+    wide = torch.randn(quant.MAX_ROWS + 1, 576, generator=torch.Generator().manual_seed(8))
     torch.testing.assert_close(odd(wide), F.linear(wide, odd.module.weight, odd.module.bias))
 
 
@@ -112,7 +114,7 @@ def test_the_step_pool_splits_an_act8_product_without_changing_a_bit(kind, n):
     ql = _linear(kind, n, 96, seed=5, lib=quant._Lib())          # 208: 13 superblocks for q4
     pool = quant.StepPool(workers=1)
     for rows in range(1, quant.MAX_ROWS + 1):
-        x = torch.randn(rows, 96).bfloat16()
+        x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).bfloat16()
         alone = ql(x)
         with pool:
             pooled = [ql(x) for _ in range(3)]
@@ -128,7 +130,7 @@ def test_quantize_model_q4a8_groups_act8_members_and_keeps_the_head_offset():
     assert rep.mode == "q4a8" and rep.layers == 6
     qkv = getattr(mod, quant.QKV_GROUP)
     assert qkv.w.act8 and all(ql.w.act8 for ql in qkv.members)
-    x = torch.randn(3, 96)
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(9))
     for got, lin in zip(qkv(x), (mod.q_proj, mod.k_proj, mod.v_proj)):
         assert torch.equal(got, lin(x))                  # the group is its members' kernel calls
         torch.testing.assert_close(got, reference(x, lin.forward.w).float(), atol=1e-4, rtol=1e-5)
