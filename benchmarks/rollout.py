@@ -38,7 +38,14 @@ before an update may carry the old version), ``versions_seen`` (the versions res
 per token), ``aborted_empty`` (aborted before their first token), ``aborted_at_end`` (by the
 benchmark's own ``abort_all`` when the duration is up), ``rollouts_completed``, ``errors`` (any
 control call that did not answer 200: route, body and answer),
-``tokens``, the CPU model and the arguments.
+``tokens``, the CPU model and the arguments. Also: ``responses_spanning_versions``,
+``live_requests_after`` (requests the server still runs or queues at the end: must be 0),
+``step_gap_p50_ms``/``step_gap_p99_ms`` (a stream's gaps between chunks outside updates, as the
+client sees a model step) against ``pause_p99_ms``; and from the server's own recording
+(``--record``): ``server_step_p50_ms``/``p99`` (each model step, its ``step`` note to its
+``step_end``), ``server_pause_barrier_p50_ms``/``p99`` (a pause's control record, created to
+answered) and ``server_pause_barrier_p99_over_step_p99`` (goal <= 1). ``--rollouts-total N``
+ends the run once N rollouts have completed (the soak: 1000 with ``--every 5``).
 """
 
 from __future__ import annotations
@@ -418,6 +425,38 @@ class Bench:
         return live
 
 
+def server_timings(path: str) -> dict[str, Any]:
+    """From the server's own recording: each model step's duration (its ``step`` note to its
+    ``step_end`` input) and each pause's barrier latency (the pause control record's creation to
+    its answer: everything the server did for it, without HTTP), p50/p99 and their ratio (the
+    issue's goal: the pause barrier within one model step, p99)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from actorserve.replay.recorder import read_recording
+    started: dict[int, int] = {}
+    steps: list[float] = []
+    opened: dict[str, int] = {}
+    pauses: list[float] = []
+    for e in read_recording(path)[1]:
+        d = e.data or {}
+        if e.kind == "step" and d.get("sched") == "scheduler":
+            started[int(d["step"])] = e.t_ns
+        elif e.kind == "input" and e.event == "step_end" and d.get("sched") == "scheduler":
+            t0 = started.pop(int(d["step"]), None)
+            if t0 is not None:
+                steps.append((e.t_ns - t0) / 1e9)
+        elif e.kind == "control" and e.event == "create" and d.get("op") == "pause_generation":
+            opened[e.rid] = e.t_ns
+        elif e.kind == "control" and e.rid in opened and e.event in ("apply", "reject"):
+            pauses.append((e.t_ns - opened.pop(e.rid)) / 1e9)
+    out: dict[str, Any] = {"server_steps": len(steps), "server_pauses": len(pauses)}
+    for name, vals in (("step", steps), ("pause_barrier", pauses)):
+        for q in (0.5, 0.99):
+            out[f"server_{name}_p{int(q * 100)}_ms"] = round(pct(vals, q) * 1e3, 2) if vals else None
+    if steps and pauses:
+        out["server_pause_barrier_p99_over_step_p99"] = round(pct(pauses, 0.99) / pct(steps, 0.99), 3)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", help="tiny (default) or default (SmolLM2-135M)")
@@ -440,13 +479,17 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     blocks = (args.rollouts + 4) * ((args.max_new_tokens + 64) // 16 + 4)
+    record = os.path.join(tmp.name, "rollout.jsonl")
     proc = start_server(port, "--model", args.model, "--embedding-model", "none", "--weight-version", "0",
+                        "--record", record,
                         "--kv-blocks", str(blocks), "--max-num-seqs", str(max(8, args.rollouts)),
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         asyncio.run(wait_up(url, proc))
         bench = Bench(url, args, prompts)
         res = asyncio.run(bench.run(served, pert, blobs))
+        stop_server(proc)
+        res.update(server_timings(record))
     finally:
         stop_server(proc)
         tmp.cleanup()
