@@ -151,6 +151,11 @@ def _undo(session: requests.Session, base: str, path: str, resp: Any) -> None:
     """Put the server back as it was after a stateful case."""
     if path == "/pause_generation":
         session.post(base + "/continue_generation", timeout=REQUEST_TIMEOUT_S)
+    elif path == "/pause":
+        session.post(base + "/resume", timeout=REQUEST_TIMEOUT_S)
+    elif path in ("/release_memory_occupation", "/sleep"):     # nothing steps while memory is out
+        session.post(base + "/resume_memory_occupation", json={}, timeout=REQUEST_TIMEOUT_S)
+        session.post(base + "/continue_generation", timeout=REQUEST_TIMEOUT_S)   # /sleep pauses first
     elif path == "/open_session" and resp.status_code == 200:
         session.post(base + "/close_session", json={"session_id": resp.json()}, timeout=REQUEST_TIMEOUT_S)
     elif path == "/v1/responses" and resp.status_code == 200:

@@ -81,7 +81,8 @@ async def test_every_abort_is_a_control_record_with_its_reason_across_schedulers
     assert [e.dst for e in rec.events(rid=recs[0].rid, kind="control")] == ["received", "applied"]
     inp = [e for e in rec.events(kind="input") if e.event == "control"]
     assert inp[0].data == {"op": "AbortRequest", "args": {"rid": g.rid, "prefix": False,
-                                                          "abort_all": False, "reason": "client went away"}}
+                                                          "abort_all": False, "reason": "client went away",
+                                                          "lora": None}}
     assert not any(e.event == "abort" for e in rec.events(kind="input"))
     assert_nothing_held(rt)
     await rt.shutdown()

@@ -36,6 +36,11 @@ STATE_COLORS: dict[str, str] = {
     "cancelled": "#9a3412", "deleted": "#1e293b", "evicted": "#7c3aed",
     # the served weights (serving and failed as above)
     "updating": "#0d9488",
+    # memory per tag (release / resume; failed as above)
+    "resident": "#c0d8e0", "releasing": "#f888b0", "released": "#c01038", "discarded": "#881038",
+    "resuming": "#f87088",
+    # LoRA adapters (failed as above)
+    "loading": "#68e8f8", "ready": "#20c860", "unloading": "#f068b8", "unloaded": "#303858",
 }
 UNKNOWN = "#9ca3af"
 
