@@ -210,3 +210,37 @@ async def test_load_unload_routes_in_both_shapes_and_their_refusals(world):
         await settle(rt)
         ops = [(e.data or {}).get("op") for e in rt.recorder.events(kind="control") if e.event == "create"]
         assert ops.count("load_lora_adapter") == 5 and ops.count("unload_lora_adapter") == 4
+
+
+async def test_adapters_survive_an_update_of_the_base_and_apply_to_the_new_weights(world, tmp_path):
+    """A base weight update with an adapter loaded: the adapter stays, its deltas now apply on
+    the new base (PEFT's merge of the same adapter onto the new weights), the prefix cache is
+    flushed."""
+    from peft import PeftModel
+    from transformers import LlamaForCausalLM
+    (_, hf_tok, tok), root, _ = world
+    fresh, _, _ = load_tiny()               # the update changes the served model in place
+    new_base = LlamaForCausalLM(fresh.config)
+    new_base.load_state_dict(fresh.state_dict())
+    gen = torch.Generator().manual_seed(77)
+    with torch.no_grad():
+        for p in new_base.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * (float(p.float().std()) or 0.02) * 0.5)
+    new_base.eval()
+    new_base.save_pretrained(str(tmp_path / "new"))
+    want_base = greedy(new_base, PROMPT, N)
+    merged = PeftModel.from_pretrained(copy.deepcopy(new_base), str(root / "a1")).merge_and_unload().eval()
+    want_a1 = greedy(merged, PROMPT, N)
+    assert want_a1 != want_base
+    async with serve(((fresh, hf_tok, tok), root, world[2]), lora_paths=("a1",)) as (http, rt):
+        assert await ids_of(http, "a1") == world[2]["a1"]
+        r = await http.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "new"),
+                                                               "weight_version": "v2"})
+        assert r.status == 200, await r.text()
+        assert await ids_of(http, None) == want_base
+        assert await ids_of(http, "a1") == want_a1
+        r = await http.post("/generate", json={"input_ids": PROMPT, "lora_path": "a1",
+                                               "sampling_params": {"temperature": 0, "max_new_tokens": 1}})
+        meta = (await r.json())["meta_info"]
+        assert meta["weight_version"] == "v2"
+        await settle(rt)
