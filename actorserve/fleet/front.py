@@ -7,8 +7,11 @@ docs/fleet.md) to the right replicas itself:
   ``replicas[i].aborted``), ``/pause_generation``, ``/continue_generation``, ``/flush_cache``
   (the router fans this one out too; here the answer is per replica), ``/is_paused``; the LoRA
   adapter loads and unloads (SGLang's and vLLM's routes), so every replica serves the same
-  adapters and the router's cache-aware choice stays correct whichever replica it picks (each
-  replica's prefix cache is keyed by adapter; the router's own tree keys by text only);
+  adapters;
+* a generation request naming a LoRA adapter (``model: "<base>:<adapter>"``, ``lora_path``,
+  or ``model: "<adapter>"`` for an adapter the replicas serve): to the replica chosen by
+  (adapter, prompt prefix), cache-aware per adapter (`adapter_route`; the router's own tree
+  keys by text only, and a replica's prefix cache by adapter);
 * sessions: ``/open_session`` opens on the replica with the fewest sessions and remembers it;
   ``/close_session`` and every generation request naming the session (``session_params.id``,
   chat's ``session_id``) go straight to that replica, so a session's turns reuse its KV. A
@@ -40,6 +43,7 @@ import aiohttp
 from aiohttp import web
 
 from ..http.responses_items import replica_of
+from .adapter_route import adapter_of, adapters_in_argv, pick, prefix_of
 from .supervisor import Fleet, Replica
 
 READ_TIMEOUT_S = 300.0
@@ -73,6 +77,9 @@ class Front:
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self.sessions: dict[str, int] = {}        # session id -> replica index
+        # LoRA adapters the replicas serve (start-up flags, then the loads/unloads fanned out):
+        # a request naming one is routed here, by adapter and prompt prefix (adapter_route)
+        self.adapters: set[str] = set().union(*(adapters_in_argv(r.argv) for r in fleet.replicas))
         self._rr = itertools.count()
         self.http: aiohttp.ClientSession | None = None
         fleet.on_restart.append(self._forget)
@@ -149,9 +156,15 @@ class Front:
     async def through(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         if request.method == "POST" and request.path in SESSION_ROUTES and body:
-            sid = _session_of(_loads(body))
+            doc = _loads(body)
+            sid = _session_of(doc)
             if sid is not None and sid in self.sessions:
                 return await self._proxy(request, self.fleet.replicas[self.sessions[sid]].url, body)
+            adapter = adapter_of(doc, self.adapters)
+            if adapter is not None:
+                target = pick(self.fleet.live(), adapter, prefix_of(doc))
+                if target is not None:
+                    return await self._proxy(request, target.url, body)
         return await self._proxy(request, self.fleet.router_url, body)
 
     # -- stored responses: to the replica the id names ----------------------------------------
@@ -215,6 +228,11 @@ class Front:
             return _error(503, "no replica is ready", code="no_replica")
         bad = [a for a in answers if a["status"] != 200]
         out: dict[str, Any] = {"success": not bad, "replicas": answers}
+        if "lora_adapter" in request.path and any(a["status"] == 200 for a in answers):
+            doc = _loads(await request.read())
+            name = doc.get("lora_name") if isinstance(doc, dict) else None
+            if isinstance(name, str):           # what the replicas now serve
+                (self.adapters.add if "/load" in request.path.replace("/v1", "") else self.adapters.discard)(name)
         if request.path == "/abort_request":
             counts = {a["replica"]: a["body"].get("aborted", 0) for a in answers
                       if a["status"] == 200 and isinstance(a["body"], dict)}
