@@ -244,3 +244,67 @@ async def test_adapters_survive_an_update_of_the_base_and_apply_to_the_new_weigh
         meta = (await r.json())["meta_info"]
         assert meta["weight_version"] == "v2"
         await settle(rt)
+
+
+async def test_adapters_compose_with_n_structured_output_tools_sessions_responses_and_retract(world):
+    """An adapter request through the other features: n>1 (each choice the adapter's greedy
+    tokens), a JSON schema and a required tool call (valid under the adapter's weights), a
+    session's turns (KV reused within the adapter), a stored response chained under the adapter,
+    and a retract pause mid-request (it resumes under the same adapter, the same tokens)."""
+    import json as _json
+
+    import jsonschema
+    (_, _, tok), _, want = world
+    async with serve(world, lora_paths=("a1", "a2")) as (http, rt):
+        async with client_for(http) as client:
+            c = await client.completions.create(model="a1", prompt=PROMPT, max_tokens=N, temperature=0, n=2,
+                                                extra_body={"ignore_eos": True})
+            assert [ch.text for ch in c.choices] == [tok.decode(want["a1"])] * 2
+            schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                      "required": ["city"], "additionalProperties": False}
+            out = await client.chat.completions.create(
+                model="a2", messages=[{"role": "user", "content": "city?"}], max_tokens=40, temperature=0,
+                response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+            jsonschema.validate(_json.loads(out.choices[0].message.content), schema)
+            tools = [{"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "properties": {"x": {"enum": ["yes", "no"]}}, "required": ["x"],
+                "additionalProperties": False}}}]
+            call = await client.chat.completions.create(
+                model="a1", messages=[{"role": "user", "content": "call f"}], tools=tools, tool_choice="required",
+                max_tokens=60, temperature=0)
+            got = call.choices[0].message.tool_calls or []
+            # the tiny random model may spend its budget on the JSON's free whitespace; whatever
+            # calls it finished are the tool's and valid (the grammar runs under the adapter)
+            assert call.choices[0].finish_reason in ("tool_calls", "length")
+            assert all(g.function.name == "f" and _json.loads(g.function.arguments) in ({"x": "yes"}, {"x": "no"})
+                       for g in got)
+            assert call.choices[0].message.content in ("", None)        # calls only, as required
+            first = await client.responses.create(model="a1", input="hello there", max_output_tokens=4, store=True)
+            second = await client.responses.create(model="a1", input="and then?", max_output_tokens=4,
+                                                   previous_response_id=first.id, store=True)
+            assert second.status in ("completed", "incomplete") and second.model == "a1"   # 4 tokens: may cut
+            assert second.previous_response_id == first.id and second.usage.input_tokens > first.usage.input_tokens
+        sid = await (await http.post("/open_session", json={})).json()
+        cached = []
+        for text in ("The quick brown fox jumps over the lazy dog. " * 3, " And then?"):
+            r = await http.post("/generate", json={"text": text, "lora_path": "a1", "session_params": {"id": sid},
+                                                   "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+            assert r.status == 200, await r.text()
+            cached.append((await r.json())["meta_info"]["cached_tokens"])
+        assert cached[1] > cached[0]                       # the adapter's own KV, reused in its session
+        assert (await http.post("/close_session", json={"session_id": sid})).status == 200
+        # a retract pause while an adapter request runs: it resumes under its adapter, same tokens
+        long = {"input_ids": PROMPT, "lora_path": "a2",
+                "sampling_params": {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}}
+        alone = (await (await http.post("/generate", json=long)).json())["output_ids"]
+        running = asyncio.ensure_future(http.post("/generate", json=long))
+        from waiting import until
+        await until(lambda: any(len(s.output_ids) >= 2 for s in rt.scheduler.seqs.values()), timeout=30,
+                    poll=0.001)
+        r = await http.post("/pause_generation", json={"mode": "retract"})
+        assert r.status == 200, await r.text()
+        assert (await http.post("/continue_generation")).status == 200
+        body = await (await running).json()
+        assert body["output_ids"] == alone and body["meta_info"]["finish_reason"]["type"] == "length"
+        await settle(rt)
+        assert not rt.scheduler.lora_slots.holders("a2") and not rt.scheduler.lora_slots.holders("a1")
