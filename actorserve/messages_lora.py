@@ -7,7 +7,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LoadLoraAdapter", "UnloadLoraAdapter", "LoadLora", "UnloadLora", "LoraRead", "LoraWait"]
+__all__ = ["LoadLoraAdapter", "UnloadLoraAdapter", "LoadLora", "UnloadLora", "LoraRead", "LoraWait",
+           "lora_refusal", "is_lora_refusal"]
+
+_REFUSALS = ("is not loaded", "is being unloaded")
+
+
+def lora_refusal(name: str, why: str) -> str:
+    """Why a request naming adapter `name` cannot run (`why`: one of ``_REFUSALS``): the text a
+    request fails with when its adapter went away between the route's check and the scheduler."""
+    assert why in _REFUSALS, why
+    return f"LoRA adapter {name!r} {why}"
+
+
+def is_lora_refusal(error: str | None) -> bool:
+    """Whether a request's error is `lora_refusal`'s: the client named an adapter that is gone (a
+    404 on the OpenAI routes, as for an unknown model), not a server failure."""
+    return bool(error) and error.startswith("LoRA adapter ") and error.endswith(_REFUSALS)
 
 
 @dataclass(frozen=True, slots=True)

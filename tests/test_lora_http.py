@@ -308,3 +308,31 @@ async def test_adapters_compose_with_n_structured_output_tools_sessions_response
         assert body["output_ids"] == alone and body["meta_info"]["finish_reason"]["type"] == "length"
         await settle(rt)
         assert not rt.scheduler.lora_slots.holders("a2") and not rt.scheduler.lora_slots.holders("a1")
+
+
+async def test_an_adapter_gone_after_the_route_checked_it_is_a_404_not_a_500(world, monkeypatch):
+    """The narrow race: the route saw the adapter, the scheduler no longer has it (an unload got
+    there first). Played here by a route that believes any adapter name: the scheduler's refusal
+    comes back as the OpenAI 404 (completions and chat; /v1/responses maps it the same way)."""
+    from actorserve.http import openai_routes, responses_routes
+    from actorserve.messages_lora import is_lora_refusal, lora_refusal
+
+    async def believes(ctx, model):
+        return None if model is None or model in ctx.model_names() else model
+    monkeypatch.setattr(openai_routes, "is_adapter", lambda ctx, model: model not in ctx.model_names())
+    monkeypatch.setattr(openai_routes, "lora_for_model", believes)
+    if hasattr(responses_routes, "lora_for_model"):
+        monkeypatch.setattr(responses_routes, "lora_for_model", believes)
+    assert is_lora_refusal(lora_refusal("x", "is being unloaded")) and not is_lora_refusal("boom")
+    async with serve(world) as (http, rt):
+        r = await http.post("/v1/completions", json={"model": "gone", "prompt": "hi", "max_tokens": 2})
+        body = await r.json()
+        assert r.status == 404 and body["error"]["code"] == "model_not_found", body
+        assert "LoRA adapter 'gone' is not loaded" in body["error"]["message"]
+        r = await http.post("/v1/chat/completions", json={"model": "gone", "max_tokens": 2,
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status == 404
+        assert_error(await r.json())
+        r = await http.post("/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2})
+        assert r.status == 200                      # the server serves on
+        await settle(rt)

@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from ..messages import ControlResult, Failed, LoadLora, LoraRead, LoraWait, UnloadLora
+from ..messages_lora import lora_refusal
 from ..statemachines import LORA, LoraState
 from .actor import Actor, handles
 
@@ -95,9 +96,9 @@ class SchedulerLora(Actor):
         if self.lora_slots is None:
             return "this engine serves no LoRA adapters"
         if m is None:
-            return f"LoRA adapter {name!r} is not loaded"
+            return lora_refusal(name, "is not loaded")
         if m.state is L.unloading:
-            return f"LoRA adapter {name!r} is being unloaded"
+            return lora_refusal(name, "is being unloaded")
         return m
 
     def _lora_hold_or_park(self, seq: Any, m: LoraModel) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from ..messages import RequestOutput
+from ..messages_lora import is_lora_refusal
 from . import sse
 from .compat import ChunkUsage, best_of, model_cards, stop_fields, truncate_prompt
 from .constraints import compile_constraint, pick_constraint
@@ -78,6 +79,8 @@ def _no_stream_prompt_logprobs(body: Any) -> None:
 def _fail_if_error(outs: list[RequestOutput]) -> None:
     for o in outs:
         if o.finish_reason == "error":
+            if is_lora_refusal(o.error):      # its adapter went away after the route checked it
+                raise APIError(404, o.error, code="model_not_found", param="model")
             raise APIError(500, f"generation failed: {o.error}", type="server_error")
 
 

@@ -47,6 +47,7 @@ from typing import Any
 from aiohttp import web
 
 from ..messages import OpenSession, RequestOutput, ResponseBegin, ResponseCancel, ResponseDelete, ResponseEnd
+from ..messages_lora import is_lora_refusal
 from ..statemachines import ResponseState
 from . import responses_background, sse
 from .constraints import compile_constraint, pick_constraint
@@ -215,6 +216,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 out = await group.collect(job)
                 obj = run.finish(out, None)
                 if out.finish_reason == "error":
+                    if is_lora_refusal(out.error):      # its adapter went away after the check
+                        raise APIError(404, out.error, code="model_not_found", param="model")
                     raise APIError(500, f"generation failed: {out.error}", type="server_error")
                 return web.json_response(obj)
             return await _stream(request, run, group)
