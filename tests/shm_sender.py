@@ -2,7 +2,8 @@
 (`MultiprocessingSerializer`: ForkingPickler + base64), for tests/test_weights_shm.py.
 
 Usage: python shm_sender.py FORM STRATEGY SAFETENSORS_FILE
-FORM: direct | local (LocalSerializedTensor values) | bucket (slime's flattened_bucket) | evil.
+FORM: direct | local (LocalSerializedTensor values) | bucket / bytes_bucket (slime's flattened_bucket,
+one dtype or SGLang's multi-dtype bytes) | evil.
 Prints one JSON line (the `serialized_named_tensors` entry), then keeps the tensors alive until
 its stdin closes (the receiver reads the shared memory while the request runs)."""
 
@@ -74,10 +75,15 @@ def main() -> None:
         payload = dumps(list(tensors.items()))
     elif form == "local":
         payload = dumps([(k, LocalSerializedTensor([dumps(v)])) for k, v in tensors.items()])
-    elif form == "bucket":
-        metadata, flat, at = [], [], 0
-        for k, v in tensors.items():
-            metadata.append(FlattenedTensorMetadata(k, v.shape, v.dtype, at, at + v.numel(), v.numel()))
+    elif form in ("bucket", "bytes_bucket"):     # one dtype (indices in elements), or SGLang's
+        metadata, flat, at = [], [], 0           # multi-dtype bytes (indices in bytes)
+        for i, (k, v) in enumerate(tensors.items()):
+            if form == "bytes_bucket":
+                v = (v.bfloat16() if i % 2 else v).flatten().view(torch.uint8)   # mixed dtypes
+                dtype, shape = (torch.bfloat16 if i % 2 else torch.float32), tensors[k].shape
+            else:
+                dtype, shape = v.dtype, v.shape
+            metadata.append(FlattenedTensorMetadata(k, shape, dtype, at, at + v.numel(), v.numel()))
             flat.append(v.flatten())
             at += v.numel()
         cat = torch.cat(flat)

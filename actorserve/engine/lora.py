@@ -250,7 +250,7 @@ class LoraSlots:
             raise LoraSlotsFull("LoRA adapters are off: this engine has no adapter slots (max_loaded_loras=0)")
         with self._lock:
             self._check_room(name)
-        adapter = read_adapter(name, path, self.shapes, max_rank=self.max_rank)
+        adapter = self._read(name, path)
         with self._lock:
             slot = self._check_room(name)
             ref = LoraRef(name, slot, next(_uids), adapter.key)
@@ -258,6 +258,10 @@ class LoraSlots:
             self._by_name[name] = slot
             self._holds[ref.uid] = 0
             return ref
+
+    def _read(self, name: str, path: str | Path) -> Any:
+        """Read and check the folder, outside the lock (what a slot holds: it has a ``key``)."""
+        return read_adapter(name, path, self.shapes, max_rank=self.max_rank)
 
     def _check_room(self, name: str) -> int:
         if name in self._by_name:

@@ -18,7 +18,9 @@ so exactly one):
 * ``load_format`` null or ``"direct"``: a list of ``(name, tensor)`` pairs, where a tensor may
   be a ``LocalSerializedTensor`` holding one nested payload per rank;
 * ``"flattened_bucket"`` (slime's): ``{"flattened_tensor": 1-D tensor, "metadata": [...]}``,
-  each metadata entry naming a slice of the flat tensor, its shape and dtype.
+  each metadata entry naming a slice of the flat tensor, its shape and dtype; the flat tensor
+  is one dtype (indices in elements) or, in SGLang's multi-dtype buckets, bytes (indices in
+  bytes, each tensor a view of its slice).
 
 Each tensor is copied out of the shared memory at once (the sender may reuse it as soon as the
 request answers), then checked like any other update (`refit_tensors.check_named`).
@@ -153,10 +155,17 @@ def _bucket(payload: Any) -> list[tuple[str, Any]]:
         numel = 1
         for d in shape:
             numel *= int(d)
-        if not (0 <= start <= end <= flat.numel() and end - start == numel):
+        # SGLang's multi-dtype buckets flatten every tensor to bytes (``view(torch.uint8)``):
+        # the indices count bytes and each tensor is a view of its slice; older buckets are
+        # one dtype, the indices count elements
+        as_bytes = flat.dtype == torch.uint8 and dtype != torch.uint8
+        span = numel * (dtype.itemsize if as_bytes else 1)
+        if not (0 <= start <= end <= flat.numel() and end - start == span):
             raise WeightsMismatch(f"metadata[{i}] ({name}): slice {start}:{end} does not fit the flat "
                                   f"tensor of {flat.numel()} or the shape {list(shape)}")
-        out.append((name, flat[start:end].reshape(tuple(shape)).to(dtype).clone()))
+        part = flat[start:end]
+        part = part.view(dtype) if as_bytes else part.to(dtype)
+        out.append((name, part.reshape(tuple(shape)).clone()))
     return out
 
 
