@@ -200,6 +200,20 @@ async def test_lru_eviction_keeps_pinned_and_held_adapters(tmp_path):
     await rt.shutdown()
 
 
+async def test_a_load_that_fails_on_a_full_server_evicts_nothing(tmp_path):
+    rt, engine, rec, _ = await make_runtime(loras=1)
+    assert (await rt.control(LoadLoraAdapter("a", adapter(tmp_path, "a")))).ok
+    res = await rt.control(LoadLoraAdapter("bad", str(tmp_path / "no-such-folder")))
+    assert not res.ok and "no readable" in res.message
+    assert list(refs_of(engine)) == ["a"] and rt.scheduler.lora_events["evicted"] == 0     # a still serves
+    assert (await rt.generate([1], SamplingParams(max_new_tokens=1), lora="a").stream.final()).finish_reason == "length"
+    assert (await rt.control(LoadLoraAdapter("b", adapter(tmp_path, "b")))).ok      # a good one evicts a
+    assert list(refs_of(engine)) == ["b"] and rt.scheduler.lora_events["evicted"] == 1
+    await rt.quiesce()
+    assert check(rec.events()).ok
+    await rt.shutdown()
+
+
 async def test_max_loras_bounds_the_adapters_of_a_step(tmp_path):
     from actorserve.engine.batching import BatchConfig
     rt, engine, rec, _ = await make_runtime(loras=4, batch=BatchConfig(max_loras=2))

@@ -149,13 +149,8 @@ class SchedulerLora(Actor):
                 return fut
             why = "has already been loaded" if m.state is L.ready else "is being unloaded"
             return ControlResult(False, f"The LoRA adapter '{msg.name}' {why}.", {"status": 400})
-        if sum(1 for x in self.loras.values() if x.state in _HELD) >= slots.max_loaded:
-            victim = self._lru()
-            if victim is None:
-                return ControlResult(False, f"every LoRA slot holds an adapter that is pinned, loading or "
-                                            f"in use ({slots.max_loaded} loaded: --max-loaded-loras)",
-                                     {"status": 400})
-            self._lora_evict(victim)
+        if sum(1 for x in self.loras.values() if x.state in _HELD) >= slots.max_loaded and self._lru() is None:
+            return self._no_room()
         m = LoraModel(f"lora:{msg.name}#{next(self._lora_ids)}", msg.name, msg.path, msg.pinned)
         rec = self.system.recorder if self.system is not None else None
         if rec is not None:
@@ -166,6 +161,25 @@ class SchedulerLora(Actor):
         m.waiters.append(fut)
         self._read_lora(m)
         return fut
+
+    def _no_room(self) -> ControlResult:
+        return ControlResult(False, f"every LoRA slot holds an adapter that is pinned, loading or in use "
+                                    f"({self.lora_slots.max_loaded} loaded: --max-loaded-loras)", {"status": 400})
+
+    def _place(self, m: LoraModel, adapter: Any) -> Any:
+        """A read that succeeded: evict the least recently used adapter if every slot is taken
+        (only now: a folder that fails to read evicts nothing), then take a slot. Returns the
+        `LoraRef`, or the error that stops the load."""
+        slots = self.lora_slots
+        if len(slots.loaded()) >= slots.max_loaded:
+            victim = self._lru()
+            if victim is None:
+                return ValueError(self._no_room().message)
+            self._lora_evict(victim)
+        try:
+            return slots.place(m.name, adapter)
+        except ValueError as exc:              # engine.lora's LoraError: the name, the slots
+            return exc
 
     def _lru(self) -> LoraModel | None:
         slots = self.lora_slots
@@ -184,9 +198,9 @@ class SchedulerLora(Actor):
         assert self.system is not None
         slots, rid, name, path = self.lora_slots, m.rid, m.name, m.path
 
-        def read() -> tuple[Any, float]:
+        def read() -> tuple[Any, float]:           # the folder only: the slot is taken on the loop
             t0 = time.perf_counter()
-            return slots.load(name, path), time.perf_counter() - t0
+            return slots.read(name, path), time.perf_counter() - t0
 
         def wrap(res: Any, err: BaseException | None) -> LoraRead:
             out = LoraRead(rid, None, err) if err is not None else LoraRead(rid, res[0], None, res[1])
@@ -206,12 +220,16 @@ class SchedulerLora(Actor):
     @handles(LoraRead)
     def _lora_read(self, msg: LoraRead) -> None:
         m = self._lora_by_rid.get(msg.rid)
-        if m is None or m.state is not L.loading:
-            if msg.ref is not None and self.lora_slots is not None:   # nobody wants it any more
-                self.lora_slots.unload(msg.ref.name)
+        if m is None or m.state is not L.loading:     # nobody wants it any more: never placed
             return
         waiters, m.waiters = m.waiters, []
         parked, m.parked = m.parked, []
+        if msg.error is None:
+            placed = self._place(m, msg.ref)
+            if isinstance(placed, BaseException):
+                msg = LoraRead(msg.rid, None, placed, msg.read_s)
+            else:
+                msg = LoraRead(msg.rid, placed, None, msg.read_s)
         if msg.error is not None:
             m.error = str(msg.error)
             self._lora_fire(m, "load_failed")

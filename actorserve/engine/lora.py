@@ -244,13 +244,18 @@ class LoraSlots:
 
     # -- lifecycle interface -----------------------------------------------------------------
     def load(self, name: str, path: str | Path) -> LoraRef:
-        if not isinstance(name, str) or not name:
-            raise LoraError("a LoRA adapter needs a non-empty name")
-        if self.max_loaded == 0:
-            raise LoraSlotsFull("LoRA adapters are off: this engine has no adapter slots (max_loaded_loras=0)")
+        """`read` then `place`: read and check the folder, then put it in a free slot."""
         with self._lock:
-            self._check_room(name)
-        adapter = self._read(name, path)
+            self._check_room(self._check_name(name))
+        return self.place(name, self.read(name, path))
+
+    def read(self, name: str, path: str | Path) -> Any:
+        """Read and check the folder (no slot is taken: any thread, outside the lock)."""
+        self._check_name(name)
+        return self._read(name, path)
+
+    def place(self, name: str, adapter: Any) -> LoraRef:
+        """Put a `read` adapter in a free slot; `LoraSlotsFull` / `LoraError` as `load`."""
         with self._lock:
             slot = self._check_room(name)
             ref = LoraRef(name, slot, next(_uids), adapter.key)
@@ -258,6 +263,13 @@ class LoraSlots:
             self._by_name[name] = slot
             self._holds[ref.uid] = 0
             return ref
+
+    def _check_name(self, name: str) -> str:
+        if not isinstance(name, str) or not name:
+            raise LoraError("a LoRA adapter needs a non-empty name")
+        if self.max_loaded == 0:
+            raise LoraSlotsFull("LoRA adapters are off: this engine has no adapter slots (max_loaded_loras=0)")
+        return name
 
     def _read(self, name: str, path: str | Path) -> Any:
         """Read and check the folder, outside the lock (what a slot holds: it has a ``key``)."""
