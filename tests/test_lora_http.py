@@ -321,8 +321,7 @@ async def test_an_adapter_gone_after_the_route_checked_it_is_a_404_not_a_500(wor
         return None if model is None or model in ctx.model_names() else model
     monkeypatch.setattr(openai_routes, "is_adapter", lambda ctx, model: model not in ctx.model_names())
     monkeypatch.setattr(openai_routes, "lora_for_model", believes)
-    if hasattr(responses_routes, "lora_for_model"):
-        monkeypatch.setattr(responses_routes, "lora_for_model", believes)
+    monkeypatch.setattr(responses_routes, "lora_for_model", believes)
     assert is_lora_refusal(lora_refusal("x", "is being unloaded")) and not is_lora_refusal("boom")
     async with serve(world) as (http, rt):
         r = await http.post("/v1/completions", json={"model": "gone", "prompt": "hi", "max_tokens": 2})
@@ -335,4 +334,24 @@ async def test_an_adapter_gone_after_the_route_checked_it_is_a_404_not_a_500(wor
         assert_error(await r.json())
         r = await http.post("/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2})
         assert r.status == 200                      # the server serves on
+        await settle(rt)
+
+
+async def test_models_route_answers_an_adapter_only_while_it_is_ready(world):
+    async with serve(world, lora_paths=("a1",)) as (http, rt):
+        card = await (await http.get("/v1/models/a1")).json()
+        assert card["id"] == "a1" and card["parent"] == NAME
+        assert (await http.post("/pause_generation", json={"mode": "retract"})).status == 200
+        held = asyncio.ensure_future(http.post("/generate", json={           # queued: holds a1
+            "input_ids": PROMPT, "lora_path": "a1", "sampling_params": {"max_new_tokens": 2}}))
+        from waiting import until
+        await until(lambda: rt.scheduler.seqs)
+        unload = asyncio.ensure_future(http.post("/unload_lora_adapter", json={"lora_name": "a1"}))
+        await until(lambda: rt.lora_state("a1") == "unloading")
+        r = await http.get("/v1/models/a1")
+        assert r.status == 404, await r.text()            # being unloaded: not a model to use
+        assert_error(await r.json())
+        assert (await http.post("/continue_generation")).status == 200
+        assert (await held).status == 200 and (await unload).status == 200
+        assert (await http.get("/v1/models/a1")).status == 404
         await settle(rt)

@@ -306,8 +306,9 @@ async def get_model(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     name = request.match_info["model"]
     card = next((c for c in model_cards(ctx) if c["id"] == name), None)
-    if card is None:
-        resolve_model(ctx, name)              # raises the 404
+    if card is None:                          # unknown, or an adapter not ready (loading, unloading)
+        raise APIError(404, f"The model `{name}` does not exist", type="invalid_request_error",
+                       code="model_not_found", param="model")
     return web.json_response(card)
 
 
