@@ -47,9 +47,11 @@ def test_pick_is_stable_spreads_and_moves_only_a_lost_replicas_keys():
     assert pick([], "a1", "x") is None
 
 
-async def _upstream(name: str) -> TestServer:
+async def _upstream(name: str, refuse_loads: bool = False) -> TestServer:
     async def answer(request: web.Request) -> web.Response:
         await request.read()
+        if refuse_loads and request.path in ("/load_lora_adapter", "/v1/load_lora_adapter"):
+            return web.json_response({"served_by": name, "success": False}, status=400)
         return web.json_response({"served_by": name, "success": True})
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
@@ -67,12 +69,12 @@ class FakeFleet:
 
 
 async def test_front_routes_adapter_requests_by_adapter_and_prefix_and_learns_loads():
-    ups = [await _upstream(n) for n in ("r0", "r1", "router")]
+    ups = [await _upstream("r0"), await _upstream("r1", refuse_loads=True), await _upstream("router")]
     try:
         reps = [R(i, f"r{i}", str(ups[i].make_url("")).rstrip("/"), ["serve", "--lora-paths", "a1=/p/a1"])
                 for i in range(2)]
         front = Front(FakeFleet(reps, str(ups[2].make_url("")).rstrip("/")))
-        assert front.adapters == {"a1"}
+        assert front.adapters == {"a1": {0, 1}}
         async with TestServer(front.app(), host="127.0.0.1", port=0) as srv, TestClient(srv) as http:
             async def who(path: str, body: dict) -> str:
                 r = await http.post(path, json=body)
@@ -91,10 +93,14 @@ async def test_front_routes_adapter_requests_by_adapter_and_prefix_and_learns_lo
             assert await who("/v1/chat/completions", {"model": "base:a7", "messages": []}) in ("r0", "r1")
             assert await who("/v1/completions", {"model": "a2", "prompt": "x"}) == "router"   # not known yet
             r = await http.post("/v1/load_lora_adapter", json={"lora_name": "a2", "lora_path": "/p/a2"})
-            assert r.status == 200 and front.adapters == {"a1", "a2"}
-            assert await who("/v1/completions", {"model": "a2", "prompt": "x"}) in ("r0", "r1")
+            assert r.status == 400 and front.adapters == {"a1": {0, 1}, "a2": {0}}   # r1 refused it
+            assert {await who("/v1/completions", {"model": "a2", "prompt": f"x{i}"}) for i in range(12)} == {"r0"}
+            front._forget(reps[0])               # r0 restarted: it has its --lora-paths (a1) only
+            assert front.adapters == {"a1": {0, 1}}
+            assert await who("/v1/completions", {"model": "a2", "prompt": "x"}) == "router"
+            r = await http.post("/v1/load_lora_adapter", json={"lora_name": "a2", "lora_path": "/p/a2"})
             r = await http.post("/unload_lora_adapter", json={"lora_name": "a2"})
-            assert r.status == 200 and front.adapters == {"a1"}
+            assert r.status == 200 and front.adapters == {"a1": {0, 1}}
     finally:
         for u in ups:
             await u.close()

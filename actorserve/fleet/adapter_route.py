@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable, Sequence, TypeVar
+from typing import Any, Collection, Iterable, Sequence, TypeVar
 
 PREFIX_CHARS = 256
 R = TypeVar("R")
 
 
-def adapter_of(doc: Any, known: set[str] | frozenset[str]) -> str | None:
+def adapter_of(doc: Any, known: Collection[str]) -> str | None:
     """The adapter a generation body names, or None for the base model."""
     if not isinstance(doc, dict):
         return None

@@ -56,6 +56,8 @@ FANOUT = ("/abort_request", "/pause_generation", "/continue_generation", "/flush
           # LoRA adapters live on every replica, so the router may send a request naming one anywhere
           "/load_lora_adapter", "/unload_lora_adapter", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 SESSION_ROUTES = ("/generate", "/v1/chat/completions", "/v1/completions")
+LORA_LOADS = ("/load_lora_adapter", "/v1/load_lora_adapter")
+LORA_UNLOADS = ("/unload_lora_adapter", "/v1/unload_lora_adapter")
 
 
 def _error(status: int, message: str, code: str = "bad_gateway",
@@ -79,7 +81,12 @@ class Front:
         self.sessions: dict[str, int] = {}        # session id -> replica index
         # LoRA adapters the replicas serve (start-up flags, then the loads/unloads fanned out):
         # a request naming one is routed here, by adapter and prompt prefix (adapter_route)
-        self.adapters: set[str] = set().union(*(adapters_in_argv(r.argv) for r in fleet.replicas))
+        # adapter name -> the replicas serving it (their --lora-paths, then the loads and
+        # unloads fanned out, per replica that accepted; a restarted replica keeps its flags' only)
+        self.adapters: dict[str, set[int]] = {}
+        for r in fleet.replicas:
+            for name in adapters_in_argv(r.argv):
+                self.adapters.setdefault(name, set()).add(r.index)
         self._rr = itertools.count()
         self.http: aiohttp.ClientSession | None = None
         fleet.on_restart.append(self._forget)
@@ -87,6 +94,12 @@ class Front:
     def _forget(self, replica: Replica) -> None:
         for sid in [s for s, i in self.sessions.items() if i == replica.index]:
             del self.sessions[sid]
+        flagged = adapters_in_argv(replica.argv)          # what it loads again at start-up
+        for name, where in list(self.adapters.items()):
+            if name not in flagged:
+                where.discard(replica.index)
+                if not where:
+                    del self.adapters[name]
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -160,9 +173,11 @@ class Front:
             sid = _session_of(doc)
             if sid is not None and sid in self.sessions:
                 return await self._proxy(request, self.fleet.replicas[self.sessions[sid]].url, body)
-            adapter = adapter_of(doc, self.adapters)
+            adapter = adapter_of(doc, self.adapters.keys())
             if adapter is not None:
-                target = pick(self.fleet.live(), adapter, prefix_of(doc))
+                where = self.adapters.get(adapter)
+                serving = [r for r in self.fleet.live() if where is None or r.index in where]
+                target = pick(serving, adapter, prefix_of(doc))
                 if target is not None:
                     return await self._proxy(request, target.url, body)
         return await self._proxy(request, self.fleet.router_url, body)
@@ -228,11 +243,16 @@ class Front:
             return _error(503, "no replica is ready", code="no_replica")
         bad = [a for a in answers if a["status"] != 200]
         out: dict[str, Any] = {"success": not bad, "replicas": answers}
-        if "lora_adapter" in request.path and any(a["status"] == 200 for a in answers):
+        if request.path in LORA_LOADS + LORA_UNLOADS:
             doc = _loads(await request.read())
             name = doc.get("lora_name") if isinstance(doc, dict) else None
-            if isinstance(name, str):           # what the replicas now serve
-                (self.adapters.add if "/load" in request.path.replace("/v1", "") else self.adapters.discard)(name)
+            if isinstance(name, str):           # what each replica now serves
+                where = self.adapters.setdefault(name, set())
+                for a in answers:
+                    if a["status"] == 200:
+                        (where.add if request.path in LORA_LOADS else where.discard)(a["replica"])
+                if not where:
+                    del self.adapters[name]
         if request.path == "/abort_request":
             counts = {a["replica"]: a["body"].get("aborted", 0) for a in answers
                       if a["status"] == 200 and isinstance(a["body"], dict)}
