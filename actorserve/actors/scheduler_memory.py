@@ -35,43 +35,37 @@ def _failed(exc: BaseException) -> dict[str, Any]:
     return {"ok": False, "bytes": 0, "error": f"{type(exc).__name__}: {exc}"}
 
 
+def _per_tag(tags: tuple[str, ...], steps: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Run each tag's step in order (those of `tags`), each outcome ``{ok, bytes, error}``: one
+    tag's failure does not stop the next."""
+    out: dict[str, Any] = {}
+    for tag, step in steps:
+        if tag in tags:
+            try:
+                out[tag] = {"ok": True, "bytes": step(), "error": None}
+            except Exception as exc:
+                out[tag] = _failed(exc)
+    return out
+
+
 def release_on_step_thread(engine: Any, tags: tuple[str, ...], level: int,
                            spill_dir: str | None = None) -> tuple[dict[str, Any], Any]:
     """The weights first (a spill that cannot be written frees nothing), then the KV cache.
     Returns the outcome per tag and what the weights' release keeps (`WeightsHeld`)."""
     from ..engine import memory_release as mr
-    out: dict[str, Any] = {}
-    held = None
-    if WEIGHTS in tags:
-        try:
-            held = mr.release_weights(engine, keep=level < 2, spill_dir=spill_dir)
-            out[WEIGHTS] = {"ok": True, "bytes": held.freed, "error": None}
-        except Exception as exc:
-            out[WEIGHTS] = _failed(exc)
-    if KV in tags:
-        try:
-            out[KV] = {"ok": True, "bytes": mr.release_kv(engine), "error": None}
-        except Exception as exc:
-            out[KV] = _failed(exc)
-    return out, held
+    held: list[Any] = [None]
+
+    def weights() -> int:
+        held[0] = mr.release_weights(engine, keep=level < 2, spill_dir=spill_dir)
+        return held[0].freed
+    return _per_tag(tags, [(WEIGHTS, weights), (KV, lambda: mr.release_kv(engine))]), held[0]
 
 
 def resume_on_step_thread(engine: Any, tags: tuple[str, ...], held: Any,
                           model_path: str | None) -> tuple[dict[str, Any], Any]:
     from ..engine import memory_release as mr
-    out: dict[str, Any] = {}
-    if WEIGHTS in tags:
-        try:
-            out[WEIGHTS] = {"ok": True, "bytes": mr.resume_weights(engine, held, model_path) if held is not None
-                            else 0, "error": None}
-        except Exception as exc:
-            out[WEIGHTS] = _failed(exc)
-    if KV in tags:
-        try:
-            out[KV] = {"ok": True, "bytes": mr.resume_kv(engine), "error": None}
-        except Exception as exc:
-            out[KV] = _failed(exc)
-    return out, held
+    weights = (lambda: mr.resume_weights(engine, held, model_path)) if held is not None else (lambda: 0)
+    return _per_tag(tags, [(WEIGHTS, weights), (KV, lambda: mr.resume_kv(engine))]), held
 
 
 class SchedulerMemory(Actor):

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
+from ..engine.refit_shm import SHARED_FORMATS     # SGLang's pickles of shared-memory tensors
 from ..messages import GetWeightsByName, UpdateWeightVersion, UpdateWeightsFromDisk, UpdateWeightsFromTensor
 from .errors import APIError, error_body
 from .schemas import INT32_MAX, Id, _Body, read_json
@@ -64,7 +65,6 @@ class UpdateFromTensorBody(_Body):
     torch_empty_cache: StrictBool = False      # no CUDA cache to empty
 
 
-SHARED_FORMATS = (None, "direct", "flattened_bucket")     # SGLang's pickles of shared-memory tensors
 
 
 def _same_host(request: web.Request) -> bool:

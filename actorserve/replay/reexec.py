@@ -47,17 +47,16 @@ CONTROL_MESSAGES = ("AbortRequest", "PauseGeneration", "ContinueGeneration", "Fl
                     "ResponseCancel", *LORA_OPS)
 
 # control messages a re-execution cannot replay, and why (the recording says so in its error)
+_ENGINE_MEMORY = ("acts on the engine's KV and weights, which the re-execution's stand-in engine does "
+                  "not hold")
+_TRAINER_GROUP = "a weight update group is a rendezvous with a trainer process, which the recording does not hold"
 UNREPLAYABLE = {
-    "ReleaseMemory": "a memory release frees the engine's KV and weights, which the re-execution's "
-                     "stand-in engine does not hold",
-    "ResumeMemory": "a memory resume restores the engine's KV and weights, which the re-execution's "
-                    "stand-in engine does not hold",
-    "InitWeightsUpdateGroup": "a weight update group is a rendezvous with a trainer process, which "
-                              "the recording does not hold",
+    "ReleaseMemory": f"a memory release {_ENGINE_MEMORY}",
+    "ResumeMemory": f"a memory resume {_ENGINE_MEMORY}",
+    "InitWeightsUpdateGroup": _TRAINER_GROUP,
     "UpdateWeightsFromDistributed": "the tensors were broadcast by a trainer process; the recording "
                                     "holds their names and shapes, never their values",
-    "DestroyWeightsUpdateGroup": "a weight update group is a rendezvous with a trainer process, which "
-                                 "the recording does not hold",
+    "DestroyWeightsUpdateGroup": _TRAINER_GROUP,
 }
 
 
