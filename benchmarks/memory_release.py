@@ -33,15 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import aiohttp  # noqa: E402
 
-from serverproc import cpu_name, free_port, start_server, stop_server, wait_up  # noqa: E402
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+from serverproc import cpu_name, free_port, rss_bytes, start_server, stop_server, wait_up  # noqa: E402
 
 
 async def outputs(http: aiohttp.ClientSession, url: str, n: int, max_tokens: int) -> list[list[int]]:

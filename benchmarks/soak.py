@@ -42,19 +42,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import aiohttp  # noqa: E402
 
-from serverproc import cpu_name, free_port, start_server, stop_server, wait_up  # noqa: E402
+from serverproc import cpu_name, free_port, rss_bytes, start_server, stop_server, wait_up  # noqa: E402
 
 MIX = [("chat", 35), ("stream", 20), ("embed", 15), ("abort", 10), ("session", 10), ("response", 10)]
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
          "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 def text(rng: random.Random, n: int) -> str:
@@ -182,13 +174,13 @@ async def run(args: argparse.Namespace, proc: subprocess.Popen, url: str) -> dic
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=args.concurrency + 4)) as http:
         sizes.append(await soak.at_rest(http))
-        rss.append(round(rss_mb(proc.pid), 1))
+        rss.append(round(rss_bytes(proc.pid) / 2**20, 1))
         for c in range(args.cycles):
             t0 = time.perf_counter()
             await soak.cycle(http, c)
             secs.append(round(time.perf_counter() - t0, 1))
             sizes.append(await soak.at_rest(http))
-            rss.append(round(rss_mb(proc.pid), 1))
+            rss.append(round(rss_bytes(proc.pid) / 2**20, 1))
             if not args.json:
                 print(f"cycle {c + 1}: {secs[-1]} s, RSS {rss[-1]} MB, {sizes[-1]}", file=sys.stderr)
     growth = [round((b - a) / a * 100, 3) for a, b in zip(rss, rss[1:])]
