@@ -355,3 +355,14 @@ async def test_models_route_answers_an_adapter_only_while_it_is_ready(world):
         assert (await held).status == 200 and (await unload).status == 200
         assert (await http.get("/v1/models/a1")).status == 404
         await settle(rt)
+
+
+async def test_unload_refuses_a_lora_int_id_it_cannot_honour(world):
+    async with serve(world, lora_paths=("a1",)) as (http, rt):
+        r = await http.post("/v1/unload_lora_adapter", json={"lora_name": "a1", "lora_int_id": 3})
+        body = await r.json()
+        assert r.status == 400 and body["error"]["param"] == "lora_int_id", body
+        assert rt.lora_state("a1") == "ready"                          # nothing was unloaded
+        r = await http.post("/v1/unload_lora_adapter", json={"lora_name": "a1", "lora_int_id": None})
+        assert r.status == 200, await r.text()
+        await settle(rt)

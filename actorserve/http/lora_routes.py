@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from pydantic import Field, StrictBool, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictStr
 
 from ..messages import LoadLoraAdapter, UnloadLoraAdapter
 from .errors import APIError, FieldError, error_body
@@ -48,7 +48,7 @@ class LoadLoraBody(_Body):
 
 class UnloadLoraBody(_Body):
     lora_name: LoraName = Field(min_length=1, max_length=MAX_NAME)
-    lora_int_id: StrictInt | None = None   # vLLM's; the name is what identifies an adapter here
+    lora_int_id: None = None            # vLLM's; adapters have no int ids here (only null, else a 400)
     abort: StrictBool = False           # actorserve's: abort the requests holding it, do not wait
 
 
