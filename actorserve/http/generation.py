@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator
 
 from ..actors.surface import RequestHandle
 from ..engine.params import SamplingParams
-from ..messages import QUEUE_TIMEOUT, RequestOutput, SessionBegin, SessionEnd
+from ..messages import QUEUE_TIMEOUT, RequestOutput, SessionBegin, SessionEnd, merge_outputs
 from .errors import APIError
 from .state import ServerContext
 
@@ -187,25 +187,11 @@ class RequestGroup:
             job.finished = True
 
     async def collect(self, job: Job) -> RequestOutput:
-        merged = RequestOutput(job.rid)
-        merged.logprobs = None
-        pieces: list[str] = []          # joined once at the end: a long answer's text and
-        logprobs: list[Any] = []        # logprobs are not copied again at every token
+        items: list[RequestOutput] = []
         async for out in job.handle.stream:
             self._seen(job, out)
-            pieces.append(out.text)
-            merged.token_ids.extend(out.token_ids)
-            if out.logprobs:
-                logprobs.extend(out.logprobs)
-                merged.logprobs = logprobs
-            if out.prompt_logprobs is not None:
-                merged.prompt_logprobs = out.prompt_logprobs
-            if out.finished:
-                for f in ("finished", "finish_reason", "error", "prompt_tokens", "completion_tokens",
-                          "cached_tokens", "matched_stop", "aborted_in", "spec", "weight_versions"):
-                    setattr(merged, f, getattr(out, f))
-        merged.text = "".join(pieces)
-        return merged
+            items.append(out)
+        return merge_outputs(items) if items else RequestOutput(job.rid)
 
     async def outputs(self, job: Job) -> AsyncIterator[RequestOutput]:
         """One job's outputs as they come, observed like every read (no in-band refusal)."""
