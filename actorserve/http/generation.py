@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator
 from ..actors.surface import RequestHandle
 from ..engine.params import SamplingParams
 from ..messages import QUEUE_TIMEOUT, RequestOutput, SessionBegin, SessionEnd, merge_outputs
+from ..messages_lora import is_lora_refusal
 from .errors import APIError
 from .state import ServerContext
 
@@ -122,6 +123,16 @@ async def session_prompt(ctx: ServerContext, params: Any, new_ids: list[int], ri
 
 def session_rid(rid: str | None) -> str:
     return rid or uuid.uuid4().hex
+
+
+def fail_if_error(outs: list[RequestOutput]) -> None:
+    """A request that failed is the answer's error: a 404 when its adapter went away after the
+    route checked it (the scheduler's refusal), else a 500."""
+    for o in outs:
+        if o.finish_reason == "error":
+            if is_lora_refusal(o.error):
+                raise APIError(404, o.error, code="model_not_found", param="model")
+            raise APIError(500, f"generation failed: {o.error}", type="server_error")
 
 
 def _queue_timed_out(out: RequestOutput) -> None:

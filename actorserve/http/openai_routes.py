@@ -20,12 +20,11 @@ from typing import Any
 from aiohttp import web
 
 from ..messages import RequestOutput
-from ..messages_lora import is_lora_refusal
 from . import sse
 from .compat import ChunkUsage, best_of, model_cards, stop_fields, truncate_prompt
 from .constraints import pick_constraint
 from .errors import APIError, FieldError
-from .generation import RequestGroup, session_prompt, session_rid
+from .generation import RequestGroup, fail_if_error, session_prompt, session_rid
 from .prepare import prepare
 from .reasoning_plan import ChoiceStream, ReasoningPlan, plan_reasoning, template_kwargs
 from .logprobs import (
@@ -62,14 +61,6 @@ def _no_stream_prompt_logprobs(body: Any) -> None:
         raise FieldError("prompt_logprobs", "prompt_logprobs are not available with stream: true")
 
 
-def _fail_if_error(outs: list[RequestOutput]) -> None:
-    for o in outs:
-        if o.finish_reason == "error":
-            if is_lora_refusal(o.error):      # its adapter went away after the route checked it
-                raise APIError(404, o.error, code="model_not_found", param="model")
-            raise APIError(500, f"generation failed: {o.error}", type="server_error")
-
-
 # -- chat ------------------------------------------------------------------------------------------
 
 
@@ -102,7 +93,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             group.submit_n(ids, sp, rid=body.rid)
         if not body.stream:
             outs = await group.collect_all()
-            _fail_if_error(outs)
+            fail_if_error(outs)
             choices, thought = [], 0
             for i, o in enumerate(outs):
                 message, finish = rplan.message(plan, o.text, o.finish_reason)
@@ -220,7 +211,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
         if not body.stream:
             outs = await group.collect_all()
-            _fail_if_error(outs)
+            fail_if_error(outs)
             used = _usage(outs, n_prompt)          # every candidate's tokens were spent
             if best.extra:
                 outs = best.pick(outs)

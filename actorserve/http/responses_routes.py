@@ -47,12 +47,11 @@ from typing import Any
 from aiohttp import web
 
 from ..messages import OpenSession, RequestOutput, ResponseBegin, ResponseCancel, ResponseDelete, ResponseEnd
-from ..messages_lora import is_lora_refusal
 from ..statemachines import ResponseState
 from . import responses_background, sse
 from .constraints import pick_constraint
 from .errors import APIError, FieldError
-from .generation import RequestGroup, session_prompt
+from .generation import RequestGroup, fail_if_error, session_prompt
 from .logprobs import chat_logprobs
 from .prepare import prepare
 from .reasoning_plan import ReasoningPlan, plan_reasoning
@@ -205,10 +204,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             if not body.stream:
                 out = await group.collect(job)
                 obj = run.finish(out, None)
-                if out.finish_reason == "error":
-                    if is_lora_refusal(out.error):      # its adapter went away after the check
-                        raise APIError(404, out.error, code="model_not_found", param="model")
-                    raise APIError(500, f"generation failed: {out.error}", type="server_error")
+                fail_if_error([out])
                 return web.json_response(obj)
             return await _stream(request, run, group)
     finally:
