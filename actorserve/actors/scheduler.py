@@ -128,7 +128,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             self._end(seq, actor, Failed(msg.rid, f"duplicate request id {msg.rid!r}"))
             return
         info = self.engine.info
-        capacity = min(info.max_model_len, info.num_blocks * info.block_size)
+        capacity = info.capacity
         if seq.num_tokens >= capacity:
             self._end(seq, actor, Failed(msg.rid, f"prompt of {seq.num_tokens} tokens leaves no room "
                                                   f"to generate (capacity {capacity} tokens)"))
@@ -238,7 +238,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         if self.released:
             return False
         info = self.engine.info
-        self.policy.max_len = min(info.max_model_len, info.num_blocks * info.block_size)
+        self.policy.max_len = info.capacity
         plan = self.policy.plan(self.running, [] if drain else [self.probe_lane, self.lane], self.bm)
         rec = self.system.recorder if self.system is not None else None
         if plan.retracted:
@@ -472,7 +472,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             return "stop"
         if len(seq.output_ids) >= sp.max_new_tokens:
             return "length"
-        if seq.num_tokens >= min(info.max_model_len, info.num_blocks * info.block_size):
+        if seq.num_tokens >= info.capacity:
             return "length"
         return None
 
