@@ -2,15 +2,19 @@
 
 Families (the receiving actor in brackets):
 
-* client -> runtime:  `Submit` [scheduler]
+* client -> runtime:  `Submit` [scheduler] (with the request actor's ref: where outputs go)
 * control plane:      `AbortRequest`, `PauseGeneration`, `ContinueGeneration`, `FlushCache`
-                      [control], which become `Abort`, `Pause`, `Continue`, `Flush` [scheduler]
+                      [control]; the control actor hands the same `AbortRequest` on to each
+                      scheduler, and the others become `Pause`, `Continue`, `Flush` [scheduler]
 * scheduler -> request actor: `Scheduled`, `PrefillProgress`, `PoolOut`, `Paused`, `Resumed`,
                       `Retracted`; for a generation request `Aborted` and `Failed` go through the
                       output stage (which adds the held-back text)
-* scheduler -> output stage: `StepOutputs` (one per step, asked; answered `OutputsDone`), `Forget`
-* output stage -> request actor: `TokenOut` (detokenized, finish decided), `Aborted`, `Failed`
-* runtime -> output stage: `Track`; runtime -> request actor: `Delivered` (client has the end)
+* scheduler -> output stage: `StepOutputs` (one per step, asked; answered `OutputsDone`) of
+                      `TokenOut`s without text, `Forget`
+* output stage -> request actor: `TokenOut` (the same message, now with its text and the
+                      finish decided), `Aborted`, `Failed`
+* runtime -> output stage: `Track` (with the request actor's ref); runtime -> request actor:
+                      `Delivered` (client has the end)
 * request actor -> scheduler: `Release` (its own failure)
 * scheduler -> itself: `StepDone` (a model step came back from its worker thread)
 * control -> scheduler: `WhenIdle` (answered as `SchedulerIdle`: a waiting flush, a drain)
@@ -20,7 +24,8 @@ Families (the receiving actor in brackets):
                       request joins), `SessionEnd` (from the request actor), `SessionReap` (timer)
 
 A message that concerns one request carries its `rid`, so the flight recorder files it under
-that request. Dispatch is by type through each actor's handler table, never by name.
+that request. A message names an actor by its `ActorRef` (`actors.actor`), never by the actor
+object: what crosses between actors is plain data, rids and refs. Dispatch is by type through each actor's handler table, never by name.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ from .messages_weights_group import (  # noqa: F401
 class Submit:
     rid: str
     seq: Any            # engine.sequence.Sequence
-    actor: Any          # the request actor that receives this request's outputs
+    ref: Any            # the ActorRef of the request actor that receives this request's outputs
     lora: str | None = None   # the LoRA adapter it runs under (held from admission to its end)
 
 
@@ -79,6 +84,8 @@ QUEUE_TIMEOUT = "Request waiting timeout reached."
 
 @dataclass(frozen=True, slots=True)
 class AbortRequest:
+    """Abort the requests it names: from a client (the route, a disconnect, a deadline) to the
+    control actor, which hands the same message on to every scheduler."""
     rid: str | None = None
     prefix: bool = False
     abort_all: bool = False
@@ -110,15 +117,6 @@ class ControlResult:
 
 
 # -- control actor -> scheduler -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    rid: str | None = None
-    prefix: bool = False
-    abort_all: bool = False
-    reason: str = "abort"
-    lora: str | None = None   # the requests holding this adapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,18 +157,20 @@ class PrefillProgress:
 
 @dataclass(frozen=True, slots=True)
 class TokenOut:
-    """One generated token, detokenized by the output stage (`text` is the stable delta)."""
+    """One generated token. From the scheduler to the output stage (in `StepOutputs`) it carries
+    the scheduler's verdict (EOS, length) and no text; the stage sends the request actor the
+    same message with the stable text delta, and the finish decided (a stop string too)."""
     rid: str
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     finish_reason: str | None = None     # set on the last token: stop | length
-    text: str = ""
-    matched: int | str | None = None     # with stop: the stop token id or stop string that ended it
     ids_logprobs: list[tuple[int, float]] | None = None   # SamplingParams.token_ids_logprob
     prompt_logprobs: Any = None          # engine.base.PromptLogprobs, with the first token
     spec: tuple[int, int] | None = None  # first token of a speculative step: (verified, accepted)
     weight_version: str | None = None    # the weights that made it (its step's version)
+    text: str = ""                       # the stable text delta (set by the output stage)
+    matched: int | str | None = None     # with stop: the stop token id or stop string that ended it
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +228,9 @@ class Delivered:
 
 @dataclass(frozen=True, slots=True)
 class Track:
-    """A generation request starts: the output stage keeps its detokenizer and its actor."""
+    """A generation request starts: the output stage keeps its detokenizer and its actor's ref."""
     rid: str
-    actor: Any               # the request actor (inside the runtime; never crosses to HTTP)
+    ref: Any                 # the request actor's ActorRef
     detokenizer: Any = None
 
 
@@ -241,26 +241,11 @@ class Forget:
 
 
 @dataclass(frozen=True, slots=True)
-class TokenItem:
-    """One member's token of a step, with the scheduler's verdict (EOS, length) if any."""
-    rid: str
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-    finish_reason: str | None = None
-    ids_logprobs: list[tuple[int, float]] | None = None
-    prompt_logprobs: Any = None          # engine.base.PromptLogprobs, with the first token
-    # The first token of a speculative step: (drafts verified, drafts accepted) in that step
-    spec: tuple[int, int] | None = None
-    weight_version: str | None = None    # the version of the weights the step that made it ran with
-
-
-@dataclass(frozen=True, slots=True)
 class StepOutputs:
     """One batched message per step (asked): the stage answers with the rids it finished
     (stop strings), before the scheduler plans the next step."""
     step: int
-    items: tuple[TokenItem, ...]
+    items: tuple[TokenOut, ...]
 
 
 @dataclass(frozen=True, slots=True)

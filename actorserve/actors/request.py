@@ -16,7 +16,11 @@ blocks the actor). The request is ``done`` when its client has taken the final o
 stream: the stream tells the runtime, which tells the actor `Delivered`. So ``detok`` (and
 ``pool``) last from the moment the result is known until the client has it, and a client that
 leaves before then aborts a request that is still live. When the actor reaches a terminal state
-it stops itself, so neither it nor its mailbox outlives the request.
+it stops itself, so neither it nor its mailbox outlives the request. A request actor stopped
+from outside before its end (the server shutting down) ends ``aborted`` in its own teardown.
+
+A request actor holds refs only (its scheduler's, its session's); it registers in the system's
+request registry (`registry.py`) while it runs and publishes its state there on each transition.
 """
 
 from __future__ import annotations
@@ -28,8 +32,13 @@ from ..messages import (
     DEADLINE_EXCEEDED, Aborted, Delivered, Failed, Paused, PoolOut, PrefillProgress, QueueTimeout, Release,
     RequestOutput, Resumed, Retracted, Scheduled, SessionEnd, TokenOut,
 )
-from ..statemachines import GENERATION, POOLING, GenState, Lifecycle
-from .actor import Actor, handles
+from ..statemachines import GENERATION, POOLING, GenState, Lifecycle, PoolState
+from .actor import ActorRef, handles, Actor
+from .registry import RequestEntry
+
+#: the states in which a request's result is known and its client has not yet taken it: it is
+#: in no scheduler any more, and the request registry lists it for an abort to find
+DELIVERING = (GenState.detok, PoolState.pool)
 
 
 class OutputStream:
@@ -121,11 +130,11 @@ class RequestActor(Actor):
     __slots__ = ("rid", "state", "scheduler", "stream", "is_probe", "prompt_tokens",
                  "cached_tokens", "t_arrival", "t_first", "t_done", "deadline", "on_deadline",
                  "_deadline_timer", "durations", "_t_entered", "queue_deadline", "_queue_timer",
-                 "priority", "on_scheduled")
+                 "priority", "on_scheduled", "_entry")
     lifecycle: Lifecycle
     mailbox_capacity = 4096
 
-    def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int, is_probe: bool = False) -> None:
+    def __init__(self, rid: str, *, scheduler: ActorRef, prompt_tokens: int, is_probe: bool = False) -> None:
         super().__init__(f"req:{rid}")
         self.rid = rid
         self.state = self.lifecycle.initial
@@ -143,9 +152,10 @@ class RequestActor(Actor):
         self.queue_deadline: float | None = None    # --max-queue-time: seconds after arrival
         self._queue_timer: Any = None
         self.priority = 0                        # the request's scheduling priority
-        # (actor, message): told once, when the scheduler first takes the request (a stored
+        # (ref, message): told once, when the scheduler first takes the request (a stored
         # response's `ResponseStarted`)
-        self.on_scheduled: tuple[Actor, Any] | None = None
+        self.on_scheduled: tuple[ActorRef, Any] | None = None
+        self._entry: RequestEntry | None = None
         self.durations: dict[str, float] = {}    # state name -> seconds spent in it so far
         self._t_entered = 0.0                    # when the current state was entered
 
@@ -154,6 +164,8 @@ class RequestActor(Actor):
         sysm = self.system
         assert sysm is not None
         self.t_arrival = self._t_entered = sysm.clock.now()
+        self._entry = RequestEntry(self.ref, self.lifecycle.name, self.state, self.is_probe)
+        sysm.requests.add(self.rid, self._entry)
         if sysm.recorder is not None:
             data = {"probe": True} if self.is_probe else {"priority": self.priority} if self.priority else None
             sysm.recorder.created(self.lifecycle, self, data)
@@ -167,8 +179,7 @@ class RequestActor(Actor):
     def _queue_deadline_passed(self) -> None:
         """Still queued? The scheduler decides (it may have admitted the request meanwhile)."""
         self._queue_timer = None
-        if self.scheduler.alive:
-            self.scheduler.tell(QueueTimeout(self.rid))
+        self.scheduler.tell_if_alive(QueueTimeout(self.rid))
 
     def _cancel_queue_timer(self) -> None:
         if self._queue_timer is not None:
@@ -180,6 +191,10 @@ class RequestActor(Actor):
             self._deadline_timer.cancel()
             self._deadline_timer = None
         self._cancel_queue_timer()
+        if not self.terminal:        # stopped from outside (shutdown) before its end
+            self._aborted(Aborted(self.rid, "server shutting down"))
+        if self._entry is not None and self.system is not None:
+            self.system.requests.remove(self.rid, self._entry)
 
     def fire(self, event: str) -> None:
         sysm = self.system
@@ -189,6 +204,13 @@ class RequestActor(Actor):
             now = sysm.clock.now()
             self.durations[src.name] = self.durations.get(src.name, 0.0) + (now - self._t_entered)
             self._t_entered = now
+        entry = self._entry
+        if entry is not None:        # publish the new state in the registry
+            dst = entry.state = self.state
+            if dst in DELIVERING:
+                sysm.requests.delivering[self.rid] = entry.ref   # type: ignore[union-attr]
+            elif src in DELIVERING:
+                sysm.requests.delivering.pop(self.rid, None)     # type: ignore[union-attr]
 
     @property
     def terminal(self) -> bool:
@@ -229,9 +251,8 @@ class RequestActor(Actor):
         self._cancel_queue_timer()            # admitted: the queue deadline is over
         self.fire("schedule")
         if self.on_scheduled is not None:
-            (actor, note), self.on_scheduled = self.on_scheduled, None
-            if actor.alive:
-                actor.tell(note)
+            (ref, note), self.on_scheduled = self.on_scheduled, None
+            ref.tell_if_alive(note)
 
     @handles(Aborted)
     def _aborted(self, msg: Aborted) -> None:
@@ -255,8 +276,7 @@ class RequestActor(Actor):
         try:
             self.fire("fail")
         finally:
-            if self.scheduler.alive:
-                self.scheduler.tell(Release(self.rid, "error"))
+            self.scheduler.tell_if_alive(Release(self.rid, "error"))
             self._finish(RequestOutput(self.rid, finish_reason="error", error=error))
 
 
@@ -264,13 +284,13 @@ class GenerationActor(RequestActor):
     __slots__ = ("want_logprobs", "completion_tokens", "session", "out_ids", "spec", "versions")
     lifecycle = GENERATION
 
-    def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
+    def __init__(self, rid: str, *, scheduler: ActorRef, prompt_tokens: int,
                  logprobs: bool = False, is_probe: bool = False,
-                 session: tuple[Actor, str] | None = None) -> None:
+                 session: tuple[ActorRef, str] | None = None) -> None:
         super().__init__(rid, scheduler=scheduler, prompt_tokens=prompt_tokens, is_probe=is_probe)
         self.want_logprobs = logprobs
         self.completion_tokens = 0
-        # (session actor, session id): told `SessionEnd` with the output ids when the request ends
+        # (session actor's ref, session id): told `SessionEnd` with the output ids when the request ends
         self.session = session
         self.out_ids: list[int] | None = [] if session is not None else None
         self.spec: tuple[int, int, int] | None = None    # (verify steps, drafts, accepted)
@@ -280,10 +300,9 @@ class GenerationActor(RequestActor):
 
     def _final(self, item: RequestOutput) -> None:
         if self.session is not None:
-            actor, sid = self.session
+            ref, sid = self.session
             self.session = None
-            if actor.alive:
-                actor.tell(SessionEnd(sid, self.rid, tuple(self.out_ids or ()), item.finish_reason))
+            ref.tell_if_alive(SessionEnd(sid, self.rid, tuple(self.out_ids or ()), item.finish_reason))
         super()._final(item)
 
     def _fill_usage(self, item: RequestOutput) -> None:
@@ -347,7 +366,7 @@ class PoolingActor(RequestActor):
     __slots__ = ("head",)
     lifecycle = POOLING
 
-    def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
+    def __init__(self, rid: str, *, scheduler: ActorRef, prompt_tokens: int,
                  head: Callable[[Any], Any] | None = None, is_probe: bool = False) -> None:
         super().__init__(rid, scheduler=scheduler, prompt_tokens=prompt_tokens, is_probe=is_probe)
         self.head = head          # the request's pooling head (from its PoolingParams)

@@ -67,7 +67,7 @@ class SchedulerLora(Actor):
     # owned by SchedulerActor
     engine: Any
     seqs: dict[str, Any]
-    actors: dict[str, Actor]
+    actors: dict[str, Any]    # rid -> ActorRef
     lane: Any
     # re-execution's holder of an adapter's read, called (scheduler, rid, fn, name, path, wrap=...)
     lora_runner: Any = None
