@@ -160,6 +160,25 @@ class Runtime(RuntimeReads):
         sched = self.scheduler
         return lambda rid: sched.inflight.get(rid) or sched.seqs.get(rid)
 
+    def take_over(self, *, steps: Any = None, policy: Any = None, loads: Any = None,
+                  lora_reads: Any = None, weight_reads: Any = None) -> None:
+        """Re-execution's hooks (`replay.reexec`), set before `begin`: who runs each model step
+        (``steps(ref, fn, batch, wrap=...)``, every scheduler), the generation scheduler's batch
+        policy, who runs a weight load at the step barrier, an adapter's read, a weight update's
+        read. Each runner gets the ref of the actor to tell the outcome."""
+        scheds = [self.scheduler, *self.pool_schedulers.values()]
+        if steps is not None:
+            for s in scheds:
+                s.runner = steps
+        if policy is not None:
+            self.scheduler.policy = policy
+        if loads is not None:
+            self.scheduler.load_runner = loads
+        if lora_reads is not None:
+            self.scheduler.lora_runner = lora_reads
+        if weight_reads is not None:
+            self.control_actor.weights_reader = weight_reads
+
     @property
     def clock(self) -> Clock:
         return self.system.clock

@@ -273,7 +273,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         step = self.step_id
         self.step_version = self.weight_version     # its tokens are this version's (no load mid-step)
         run = self.runner or (self.system.run_in_thread if self.step_in_thread else self.system.run_inline)
-        run(self, self.engine.execute, batch, wrap=lambda res, err: self._returned(step, batch, res, err))
+        run(self.ref, self.engine.execute, batch, wrap=lambda res, err: self._returned(step, batch, res, err))
 
     def _returned(self, step: int, batch: list[Any], res: Any, err: BaseException | None) -> StepDone:
         """The model step came back (on the loop, outside any turn): an input to the actors.

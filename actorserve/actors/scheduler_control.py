@@ -225,7 +225,7 @@ class SchedulerControl(SchedulerLora):
             self._label_before = self.weight_version
             self._relabel(msg.weight_version, "load")
         if self.load_runner is not None:
-            self.load_runner(self, apply, msg.tensors, wrap=self._applied)
+            self.load_runner(self.ref, apply, msg.tensors, wrap=self._applied)
         else:
             self.system.pipe(self.system.call_on_step_thread(apply, msg.tensors),
                              self, off_loop=True, wrap=self._applied)

@@ -212,7 +212,7 @@ class SchedulerLora(Actor):
             return out
 
         if self.lora_runner is not None:
-            self.lora_runner(self, rid, read, name, path, wrap=wrap)
+            self.lora_runner(self.ref, rid, read, name, path, wrap=wrap)
             return
         fut = self.system.loop.run_in_executor(None, read)
         self.system.pipe(fut, self, off_loop=True, wrap=wrap)
