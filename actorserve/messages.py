@@ -1,4 +1,4 @@
-"""Every message between actors, as a frozen dataclass.
+"""Every message between actors, as a dataclass (frozen, but for the per-token and per-request ones: see `hot`).
 
 Families (the receiving actor in brackets):
 
@@ -55,10 +55,17 @@ from .messages_weights_group import (  # noqa: F401
     WeightsGroupJoined as WeightsGroupJoined,
 )
 
+#: The messages sent once per request or once per token (submission, the scheduler's and the
+#: output stage's to a request actor, a step's): slotted dataclasses that are not frozen, because
+#: building a frozen one costs about ten times as much (each field is set through
+#: ``object.__setattr__``) and a token pays for two. Like every message, none is ever written
+#: after it is sent. The others (control, sessions, weights) stay frozen.
+hot = dataclass(slots=True)
+
 # -- submission ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Submit:
     rid: str
     seq: Any            # engine.sequence.Sequence
@@ -66,7 +73,7 @@ class Submit:
     lora: str | None = None   # the LoRA adapter it runs under (held from admission to its end)
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Release:
     """The request actor is done with its sequence (stop string, own failure): free it."""
     rid: str
@@ -143,19 +150,19 @@ class FlushTimeout:
 # -- scheduler -> request actor -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Scheduled:
     rid: str
     cached_tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class PrefillProgress:
     rid: str
     computed: int
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class TokenOut:
     """One generated token. From the scheduler to the output stage (in `StepOutputs`) it carries
     the scheduler's verdict (EOS, length) and no text; the stage sends the request actor the
@@ -173,51 +180,51 @@ class TokenOut:
     matched: int | str | None = None     # with stop: the stop token id or stop string that ended it
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class PoolOut:
     rid: str
     pooled: Any
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Paused:
     rid: str
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Resumed:
     rid: str
     prefill_complete: bool = True     # the sequence's prompt is in the KV: back to decode
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Retracted:
     rid: str
     cause: str = "pause"      # kv_pressure | priority:<the rid it made room for> | pause
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class QueueTimeout:
     """Request `rid`'s queue deadline (``--max-queue-time``) passed: the scheduler ends it if it
     is still waiting for its first admission."""
     rid: str
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Aborted:
     rid: str
     reason: str = "abort"
     text: str = ""           # what the output stage still held back (the partial text's tail)
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Failed:
     rid: str
     error: str
     text: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Delivered:
     """The client took the request's final output off its stream: the request is done."""
     rid: str
@@ -226,7 +233,7 @@ class Delivered:
 # -- scheduler <-> output stage -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Track:
     """A generation request starts: the output stage keeps its detokenizer and its actor's ref."""
     rid: str
@@ -234,13 +241,13 @@ class Track:
     detokenizer: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Forget:
     """The scheduler let go of a request that ended on its own: drop its output state."""
     rid: str
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class StepOutputs:
     """One batched message per step (asked): the stage answers with the rids it finished
     (stop strings), before the scheduler plans the next step."""
@@ -248,7 +255,7 @@ class StepOutputs:
     items: tuple[TokenOut, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class OutputsDone:
     """The output stage's answer to `StepOutputs`, back at the scheduler."""
     step: int
@@ -266,7 +273,7 @@ class BatchWindowClosed:
     """The scheduler's batching window ran out: start the step with what has arrived."""
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class StepDone:
     step: int
     batch: list[tuple[Any, int]]

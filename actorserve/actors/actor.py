@@ -85,6 +85,9 @@ class Phase(enum.Enum):
     stopped = "stopped"
 
 
+RUNNING = Phase.running     # read on every message: a module global, not an enum class lookup
+
+
 def handles(*types: type) -> Callable[[Callable], Callable]:
     """Mark a method as the handler of the given message types."""
 
@@ -122,7 +125,7 @@ class ActorRef:
 
     @property
     def alive(self) -> bool:
-        return self._actor.phase is Phase.running
+        return self._actor.phase is RUNNING
 
     def tell(self, message: Any) -> None:
         """Fire and forget. Raises `MailboxFull`, or `ActorDeadError` if the actor stopped."""
@@ -131,7 +134,7 @@ class ActorRef:
     def tell_if_alive(self, message: Any) -> bool:
         """Tell unless the actor has stopped (a request that already ended); False if not sent."""
         a = self._actor
-        if a.phase is not Phase.running:
+        if a.phase is not RUNNING:
             return False
         a._enqueue((message, None))
         return True
@@ -147,7 +150,7 @@ class ActorRef:
     def stop(self) -> "asyncio.Future[Any]":
         """Queue a `Stop` behind the mail already sent; the future resolves once the actor has
         stopped (at once if it already has)."""
-        if self._actor.phase is Phase.running:
+        if self._actor.phase is RUNNING:
             return self._actor.ask(STOP)
         done = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -179,6 +182,7 @@ class Actor:
     throughput: ClassVar[int] = 64
     mailbox_capacity: ClassVar[int] = 1024
     publishes: ClassVar[bool] = False     # the class defines `publish` (set by __init_subclass__)
+    drains: ClassVar[bool] = False        # the class defines `on_drained` (likewise)
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -189,6 +193,7 @@ class Actor:
                     table[t] = getattr(cls, attr)   # the most derived override wins
         cls._handlers = table
         cls.publishes = cls.publish is not Actor.publish
+        cls.drains = cls.on_drained is not Actor.on_drained
 
     def __init__(self, name: str, *, capacity: int | None = None) -> None:
         self.name = name
@@ -230,7 +235,7 @@ class Actor:
     # -- sending -------------------------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        return self.phase is Phase.running
+        return self.phase is RUNNING
 
     def tell(self, message: Any) -> None:
         """Fire and forget. Raises `MailboxFull`, or `ActorDeadError` if the actor stopped."""
@@ -254,7 +259,7 @@ class Actor:
                 await self.mailbox.wait_for_room()
 
     def _enqueue(self, env: tuple[Any, Any]) -> None:
-        if self.phase is not Phase.running:
+        if self.phase is not RUNNING:
             raise ActorDeadError(f"{self.name} is {self.phase.value}")
         self.mailbox.put_nowait(env)
         if not self._turn_pending:
@@ -268,20 +273,20 @@ class Actor:
         box = self.mailbox
         dispatch = self._handlers   # one table per class: unbound functions, called with self
         recorder = self.system.recorder if self.system is not None else None
-        for _ in range(self.throughput):
-            if not box._q or self.phase is not Phase.running:
-                break
+        n = self.throughput
+        while n and box._q is not None and self.phase is RUNNING:
+            n -= 1
             message, reply = box.get_nowait()
             handler = dispatch.get(type(message))
             if recorder is not None:
                 recorder.message(self.name, message)
-            if handler is None and message is STOP:
-                box.processed += 1
-                self.stop()
-                if reply is not None:
-                    self._reply(reply, None)
-                break
             if handler is None:
+                if message is STOP:
+                    box.processed += 1
+                    self.stop()
+                    if reply is not None:
+                        self._reply(reply, None)
+                    break
                 box.failed += 1
                 err = UnhandledMessage(f"{self.name} has no handler for {type(message).__name__}")
                 if reply is not None:

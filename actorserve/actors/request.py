@@ -39,6 +39,7 @@ from .registry import RequestEntry
 #: the states in which a request's result is known and its client has not yet taken it: it is
 #: in no scheduler any more, and the request registry lists it for an abort to find
 DELIVERING = (GenState.detok, PoolState.pool)
+_PREFILL = GenState.prefill
 
 
 class OutputStream:
@@ -46,13 +47,15 @@ class OutputStream:
 
     One consumer. `get` wakes on every item (a streaming client); `final` waits for the last
     one only and merges everything at once (a non-streaming client: one wake-up per request,
-    not one per token).
+    not one per token). A token that does not end the request is kept as a small tuple (its
+    text, id, logprob entry, prompt logprobs, weight spans) and becomes a `RequestOutput` only
+    when a streaming client takes it: a non-streaming one never pays for an object per token.
     """
 
     __slots__ = ("_items", "_waiter", "_at_close", "closed", "on_final", "rid")
 
     def __init__(self, on_final: Callable[[str], None] | None = None, rid: str = "") -> None:
-        self._items: list[RequestOutput] = []   # a handful of items: a list is 10x smaller than a deque
+        self._items: list[Any] = []   # a handful of items: a list is 10x smaller than a deque
         self._waiter: asyncio.Future[None] | None = None
         self._at_close = False      # the waiter wants the last item only
         self.closed = False
@@ -68,6 +71,23 @@ class OutputStream:
         w = self._waiter
         if w is not None and (self.closed or not self._at_close) and not w.done():
             w.set_result(None)
+
+    def put_token(self, text: str, token_id: int, lp: Any, prompt_logprobs: Any,
+                  vdone: tuple[tuple[str, int, int], ...], vcur: str | None, vstart: int, vend: int) -> None:
+        """A token that does not end the request (see the class doc); its weight spans so far
+        are the closed ones `vdone` and the open one (`vcur`, `vstart`, `vend`)."""
+        if self.closed:
+            return
+        self._items.append((text, token_id, lp, prompt_logprobs, vdone, vcur, vstart, vend))
+        w = self._waiter
+        if w is not None and not self._at_close and not w.done():
+            w.set_result(None)
+
+    def _expand(self, d: tuple) -> RequestOutput:  # type: ignore[type-arg]
+        text, tok, lp, plp, vdone, vcur, vstart, vend = d
+        versions = vdone if vcur is None else vdone + ((vcur, vstart, vend),)
+        return RequestOutput(self.rid, text=text, token_ids=[tok], logprobs=None if lp is None else [lp],
+                             prompt_logprobs=plp, weight_versions=versions)
 
     async def _wait(self, at_close: bool) -> None:
         self._waiter = asyncio.get_running_loop().create_future()
@@ -85,6 +105,8 @@ class OutputStream:
     def get_nowait(self) -> RequestOutput:
         """The next item (IndexError if none); taking the final one tells `on_final`."""
         item = self._items.pop(0)
+        if type(item) is tuple:
+            return self._expand(item)
         if item.finished and self.on_final is not None:
             cb, self.on_final = self.on_final, None
             cb(self.rid)
@@ -111,11 +133,30 @@ class OutputStream:
             cb(self.rid)
         if len(items) == 1:
             return last
-        merged = items[0]
-        merged.text = "".join(it.text for it in items)
-        merged.token_ids = [t for it in items for t in it.token_ids]
-        lps = [lp for it in items if it.logprobs for lp in it.logprobs]
-        merged.logprobs = lps if lps or items[0].logprobs is not None else None
+        first = items[0]
+        texts: list[str] = []
+        ids: list[int] = []
+        lps: list[Any] = []
+        for it in items:
+            if type(it) is tuple:
+                texts.append(it[0])
+                ids.append(it[1])
+                if it[2] is not None:
+                    lps.append(it[2])
+            else:
+                texts.append(it.text)
+                ids.extend(it.token_ids)
+                if it.logprobs:
+                    lps.extend(it.logprobs)
+        if type(first) is tuple:
+            had_lps = first[2] is not None
+            merged = self._expand(first)
+        else:
+            had_lps = first.logprobs is not None
+            merged = first
+        merged.text = "".join(texts)
+        merged.token_ids = ids
+        merged.logprobs = lps if lps or had_lps else None
         for f in ("finished", "finish_reason", "error", "pooled", "prompt_tokens",
                   "completion_tokens", "cached_tokens", "matched_stop", "aborted_in", "spec",
                   "weight_versions"):
@@ -156,7 +197,7 @@ class RequestActor(Actor):
         # response's `ResponseStarted`)
         self.on_scheduled: tuple[ActorRef, Any] | None = None
         self._entry: RequestEntry | None = None
-        self.durations: dict[str, float] = {}    # state name -> seconds spent in it so far
+        self.durations: dict[Any, float] = {}    # state -> seconds spent in it so far
         self._t_entered = 0.0                    # when the current state was entered
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -202,7 +243,8 @@ class RequestActor(Actor):
         self.lifecycle.fire(self, event, observer=sysm.recorder if sysm is not None else None)
         if sysm is not None:         # the time in `src` ends with this transition
             now = sysm.clock.now()
-            self.durations[src.name] = self.durations.get(src.name, 0.0) + (now - self._t_entered)
+            d = self.durations
+            d[src] = d.get(src, 0.0) + (now - self._t_entered)
             self._t_entered = now
         entry = self._entry
         if entry is not None:        # publish the new state in the registry
@@ -222,7 +264,7 @@ class RequestActor(Actor):
         item.prompt_tokens = self.prompt_tokens
         item.cached_tokens = self.cached_tokens
         if not self.terminal:        # it has its result (detok, pool): its time per state
-            item.timings = dict(self.durations)
+            item.timings = {state.name: t for state, t in self.durations.items()}
         self._fill_usage(item)
         self.stream.put(item)
 
@@ -281,7 +323,8 @@ class RequestActor(Actor):
 
 
 class GenerationActor(RequestActor):
-    __slots__ = ("want_logprobs", "completion_tokens", "session", "out_ids", "spec", "versions")
+    __slots__ = ("want_logprobs", "completion_tokens", "session", "out_ids", "spec",
+                 "_vdone", "_vcur", "_vstart", "_vend")
     lifecycle = GENERATION
 
     def __init__(self, rid: str, *, scheduler: ActorRef, prompt_tokens: int,
@@ -294,9 +337,18 @@ class GenerationActor(RequestActor):
         self.session = session
         self.out_ids: list[int] | None = [] if session is not None else None
         self.spec: tuple[int, int, int] | None = None    # (verify steps, drafts, accepted)
-        # its tokens per weight version: ((version, start, end), ...), one span per run of tokens
-        # made by the same weights (a request retracted and resumed under new ones has two)
-        self.versions: tuple[tuple[str, int, int], ...] = ()
+        # its tokens per weight version (`versions`): the spans closed so far, and the open one
+        # (version, start, end), kept apart so that a token of the same version only moves `end`
+        self._vdone: tuple[tuple[str, int, int], ...] = ()
+        self._vcur: str | None = None
+        self._vstart = self._vend = 0
+
+    @property
+    def versions(self) -> tuple[tuple[str, int, int], ...]:
+        """Its tokens per weight version: ((version, start, end), ...), one span per run of tokens
+        made by the same weights (a request retracted and resumed under new ones has two)."""
+        cur = self._vcur
+        return self._vdone if cur is None else self._vdone + ((cur, self._vstart, self._vend),)
 
     def _final(self, item: RequestOutput) -> None:
         if self.session is not None:
@@ -312,13 +364,15 @@ class GenerationActor(RequestActor):
 
     def _version(self, version: str | None) -> None:
         """Token number `completion_tokens` (just counted) was made by weights `version`."""
-        n, spans = self.completion_tokens, self.versions
+        n = self.completion_tokens
         if version is None:            # made outside a scheduler step (tests): nothing to say
             return
-        if spans and spans[-1][0] == version and spans[-1][2] == n - 1:
-            self.versions = spans[:-1] + ((version, spans[-1][1], n),)
-        else:
-            self.versions = spans + ((version, n - 1, n),)
+        if version == self._vcur and self._vend == n - 1:
+            self._vend = n
+            return
+        if self._vcur is not None:
+            self._vdone += ((self._vcur, self._vstart, self._vend),)
+        self._vcur, self._vstart, self._vend = version, n - 1, n
 
     @handles(PrefillProgress)
     def _progress(self, msg: PrefillProgress) -> None:
@@ -326,25 +380,30 @@ class GenerationActor(RequestActor):
 
     @handles(TokenOut)
     def _token(self, msg: TokenOut) -> None:
-        if self.state is GenState.prefill:
+        if self.state is _PREFILL:
             self.fire("first_token")
         if self.t_first is None:
             assert self.system is not None
             self.t_first = self.system.clock.now()
-        self.completion_tokens += 1
-        self._version(msg.weight_version)
+        n = self.completion_tokens = self.completion_tokens + 1
+        v = msg.weight_version
+        if v is not None and v == self._vcur and self._vend == n - 1:
+            self._vend = n                   # the open span goes on (the common case, inline)
+        else:
+            self._version(v)
         if msg.spec is not None:
             steps, drafts, accepted = self.spec or (0, 0, 0)
             self.spec = (steps + 1, drafts + msg.spec[0], accepted + msg.spec[1])
         if self.out_ids is not None:
             self.out_ids.append(msg.token_id)
-        lp = [(msg.token_id, msg.logprob, msg.top_logprobs, msg.ids_logprobs)] if self.want_logprobs else None
+        lp = (msg.token_id, msg.logprob, msg.top_logprobs, msg.ids_logprobs) if self.want_logprobs else None
         if msg.finish_reason is None:
-            self.stream.put(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp,
-                                          prompt_logprobs=msg.prompt_logprobs, weight_versions=self.versions))
+            self.stream.put_token(msg.text, msg.token_id, lp, msg.prompt_logprobs,
+                                  self._vdone, self._vcur, self._vstart, self._vend)
             return
         self.fire("finish")           # the last token is known: detok until the client has it
-        self._final(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp,
+        self._final(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id],
+                                  logprobs=None if lp is None else [lp],
                                   finish_reason=msg.finish_reason, matched_stop=msg.matched,
                                   prompt_logprobs=msg.prompt_logprobs))
 

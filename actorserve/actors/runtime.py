@@ -44,6 +44,7 @@ import asyncio
 import dataclasses
 import functools
 import itertools
+import os
 import uuid
 from typing import Any, Callable
 
@@ -247,7 +248,7 @@ class Runtime(RuntimeReads):
     # -- requests ------------------------------------------------------------------------------
     def _rid(self, rid: str | None) -> str:
         if rid is None or rid == "":
-            return uuid.uuid4().hex
+            return os.urandom(16).hex()      # uuid4().hex's form (32 hex digits) at a third of its cost
         if rid in self.system.requests:
             raise DuplicateRequestId(f"Duplicate request ID detected: {rid} (a request with this rid "
                                      f"is already running)")     # SGLang's words: clients match them

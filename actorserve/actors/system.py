@@ -29,7 +29,7 @@ import logging
 from collections import deque
 from typing import Any, Callable, TypeVar
 
-from .actor import Actor, ActorDeadError, ActorRef, Phase
+from .actor import RUNNING, Actor, ActorDeadError, ActorRef, Phase
 from .clock import Clock, LoopClock
 from .registry import RequestRegistry
 
@@ -106,8 +106,18 @@ class ActorSystem:
 
     # -- scheduling ----------------------------------------------------------------------------
     def _schedule(self, actor: Actor) -> None:
-        self._inc()
-        self._enqueue_turn(actor)
+        """`actor` has mail and no turn pending: count it busy and queue its turn (the hot path
+        of every message: `_inc` and `_enqueue_turn`, inlined)."""
+        if self._busy == 0:
+            self._idle.clear()
+        self._busy += 1
+        if self.dispatch is not None:
+            self.dispatch(self._run_turn, actor)
+            return
+        self._ready.append(actor)
+        if not self._draining:
+            self._draining = True
+            self.loop.call_soon(self._run_ready)
 
     def _enqueue_turn(self, actor: Actor) -> None:
         if self.dispatch is not None:
@@ -134,22 +144,25 @@ class ActorSystem:
 
     def _run_turn(self, actor: Actor) -> None:
         try:
-            if actor.phase is Phase.running:
+            if actor.phase is RUNNING:
                 actor._turn()
-            if actor.phase is Phase.running and len(actor.mailbox):
-                if actor.publishes:
-                    self._board[actor.name] = actor.publish()
-                self._enqueue_turn(actor)
-                return  # still busy: keep the count
+                if actor.mailbox._q is not None and actor.phase is RUNNING:
+                    if actor.publishes:
+                        self._board[actor.name] = actor.publish()
+                    self._enqueue_turn(actor)
+                    return  # still busy: keep the count
             actor._turn_pending = False
-            if actor.phase is Phase.running:
-                actor.on_drained()
+            if actor.phase is RUNNING:
+                if actor.drains:
+                    actor.on_drained()
                 if actor.publishes:
                     self._board[actor.name] = actor.publish()
         except Exception as exc:  # a hook raised: treat as a failure of the actor
             actor._turn_pending = False
             self.child_failed(actor, None, exc)
-        self._dec()
+        self._busy -= 1
+        if self._busy == 0:
+            self._idle.set()
 
     def _inc(self) -> None:
         if self._busy == 0:
