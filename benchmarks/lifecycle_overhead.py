@@ -27,6 +27,11 @@ Goal (issue 10): at most 50 us + 5 us per token, and 2 KB per request. Issue 31:
 60 us per request and 10 us per further token with the real detokenizer (its own cost, about
 4-5 us a token here, is `detok_floor_us_per_request` / 16).
 
+Like `actorserve serve` (which freezes the heap it has after loading: `gc.freeze()`), the
+benchmark freezes what is loaded before it runs (the tokenizer and its libraries), so a full
+collection does not walk them; ``--no-freeze`` leaves the heap as it is. What is left of the
+growth with the count is the collector walking the requests themselves (all in flight at once).
+
 Timings are wall time on whatever else the machine runs: on a shared box, compare runs made
 side by side (``--cpu-time`` counts this process's CPU time instead, less disturbed by others).
 """
@@ -149,14 +154,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--cpu-time", action="store_true", help="time with this process's CPU time")
+    ap.add_argument("--no-freeze", action="store_true", help="do not gc.freeze() the loaded heap")
     args = ap.parse_args()
     global CLOCK
     if args.cpu_time:
         CLOCK = time.process_time
     n = args.requests
+    tok = tiny_tokenizer()
+    if not args.no_freeze:           # as `actorserve serve` does once it has loaded
+        gc.collect()
+        gc.freeze()
     rt_us = [asyncio.run(run_runtime(n)) for _ in range(args.repeats)]
     floor_us = [run_floor(n) for _ in range(args.repeats)]
-    tok = tiny_tokenizer()
     m = max(1, n // 4)
     tp_us = [asyncio.run(run_runtime(m, TOKENS, tok.detokenizer_for)) for _ in range(args.repeats)]
     one_m = [asyncio.run(run_runtime(m)) for _ in range(args.repeats)]   # the same count, one token
@@ -164,6 +173,7 @@ def main() -> None:
     bpr, bpe = asyncio.run(memory(n))
     out = {
         "requests": n,
+        "gc_freeze": not args.no_freeze,
         "us_per_request": round(statistics.median(rt_us), 2),
         "floor_us_per_request": round(statistics.median(floor_us), 3),
         "ratio_to_floor": round(statistics.median(rt_us) / statistics.median(floor_us), 1),

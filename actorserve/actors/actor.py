@@ -274,7 +274,7 @@ class Actor:
         dispatch = self._handlers   # one table per class: unbound functions, called with self
         recorder = self.system.recorder if self.system is not None else None
         n = self.throughput
-        while n and box._q is not None and self.phase is RUNNING:
+        while n and box.head is not None and self.phase is RUNNING:
             n -= 1
             message, reply = box.get_nowait()
             handler = dispatch.get(type(message))

@@ -146,7 +146,7 @@ class ActorSystem:
         try:
             if actor.phase is RUNNING:
                 actor._turn()
-                if actor.mailbox._q is not None and actor.phase is RUNNING:
+                if actor.mailbox.head is not None and actor.phase is RUNNING:
                     if actor.publishes:
                         self._board[actor.name] = actor.publish()
                     self._enqueue_turn(actor)
