@@ -66,6 +66,7 @@ from .output import OutputStage
 from .request import GenerationActor, PoolingActor, RequestActor
 from .scheduler import SchedulerActor
 from .responses import ResponseStoreActor
+from .runtime_hooks import RuntimeHooks, fields_of
 from .runtime_reads import RuntimeReads
 from .session import SessionActor
 from .surface import DuplicateRequestId, Overloaded, RequestHandle
@@ -86,11 +87,6 @@ def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig, stage: Actor
                           batch_wait_s=cfg.pool_batch_wait_s)
 
 
-def fields_of(obj: Any) -> dict[str, Any]:
-    """A parameters / message dataclass as a plain dict (shallow)."""
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-
-
 _DEFAULTS: dict[type, tuple[tuple[str, Any], ...]] = {}
 
 
@@ -107,7 +103,7 @@ def changed_fields(obj: Any) -> dict[str, Any]:
 RESPONSE_INPUTS = (ResponseBegin, ResponseEnd, ResponseDelete, ResponseCancel)
 
 
-class Runtime(RuntimeReads):
+class Runtime(RuntimeReads, RuntimeHooks):
     def __init__(self, engine: Engine, *, config: SchedulerConfig | None = None,
                  clock: Clock | None = None, recorder: Any = None,
                  pooling_engines: dict[str, Engine] | None = None,
@@ -155,31 +151,6 @@ class Runtime(RuntimeReads):
         self.max_queued_tokens = cfg.max_queued_tokens
         self.shed = 0                    # requests refused by admission control
 
-    def step_seqs(self) -> Any:
-        """rid -> the generation scheduler's sequence of the step it is starting (the profiler
-        reads it inside that turn, through the recorder's step event)."""
-        sched = self.scheduler
-        return lambda rid: sched.inflight.get(rid) or sched.seqs.get(rid)
-
-    def take_over(self, *, steps: Any = None, policy: Any = None, loads: Any = None,
-                  lora_reads: Any = None, weight_reads: Any = None) -> None:
-        """Re-execution's hooks (`replay.reexec`), set before `begin`: who runs each model step
-        (``steps(ref, fn, batch, wrap=...)``, every scheduler), the generation scheduler's batch
-        policy, who runs a weight load at the step barrier, an adapter's read, a weight update's
-        read. Each runner gets the ref of the actor to tell the outcome."""
-        scheds = [self.scheduler, *self.pool_schedulers.values()]
-        if steps is not None:
-            for s in scheds:
-                s.runner = steps
-        if policy is not None:
-            self.scheduler.policy = policy
-        if loads is not None:
-            self.scheduler.load_runner = loads
-        if lora_reads is not None:
-            self.scheduler.lora_runner = lora_reads
-        if weight_reads is not None:
-            self.control_actor.weights_reader = weight_reads
-
     @property
     def clock(self) -> Clock:
         return self.system.clock
@@ -202,22 +173,6 @@ class Runtime(RuntimeReads):
 
     async def start(self) -> None:
         await self.begin()
-
-    def setup(self) -> dict[str, Any]:
-        """What re-execution needs to rebuild this runtime around model stand-ins: read off the
-        actors as built, before `begin` spawns them (configuration, not state)."""
-        def sched(s: SchedulerActor) -> dict[str, Any]:
-            return {"engine": fields_of(s.engine.info), "batch": fields_of(s.policy.config),
-                    "batch_wait_s": s.batch_wait_s, "prefix_cache": s.bm.enable_prefix_cache}
-        return {"generation": sched(self.scheduler),
-                "pooling": {key: sched(s) for key, s in self.pool_schedulers.items()},
-                "responses_store": self.responses.capacity,
-                "max_queue_time_s": self.max_queue_time,
-                "weight_version": self.scheduler.weight_version,
-                "lora": None if self.scheduler.lora_slots is None else {
-                    "max_loaded": self.scheduler.lora_slots.max_loaded,
-                    "max_rank": self.scheduler.lora_slots.max_rank},
-                "watchdog": self.watchdog_config}
 
     def _request_input(self, event: str, seq: Sequence, params: Any, xkey: str, extra: Any,
                        deadline: float | None = None, response: str | None = None,

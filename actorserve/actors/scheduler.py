@@ -41,7 +41,7 @@ from ..messages import (
     StepDone, StepOutputs, Submit, TokenOut,
 )
 from ..statemachines import SCHEDULER, SchedulerState
-from .actor import Actor, ActorRef, handles
+from .actor import ActorRef, handles
 from .isolation import Isolation, step_failed_or_rerun
 from .scheduler_stats import SchedulerStats, SchedulerView, stats_of, view_of
 from .output import outputs_done

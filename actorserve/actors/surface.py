@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .request import OutputStream
+from .stream import OutputStream
 
 
 class DuplicateRequestId(ValueError):
