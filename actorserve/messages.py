@@ -1,16 +1,20 @@
-"""Every message between actors, as a frozen dataclass.
+"""Every message between actors, as a dataclass (frozen, but for the per-token and per-request ones: see `hot`).
 
 Families (the receiving actor in brackets):
 
-* client -> runtime:  `Submit` [scheduler]
+* client -> runtime:  `Submit` [scheduler] (with the request actor's ref: where outputs go)
 * control plane:      `AbortRequest`, `PauseGeneration`, `ContinueGeneration`, `FlushCache`
-                      [control], which become `Abort`, `Pause`, `Continue`, `Flush` [scheduler]
+                      [control]; the control actor hands the same `AbortRequest` on to each
+                      scheduler, and the others become `Pause`, `Continue`, `Flush` [scheduler]
 * scheduler -> request actor: `Scheduled`, `PrefillProgress`, `PoolOut`, `Paused`, `Resumed`,
                       `Retracted`; for a generation request `Aborted` and `Failed` go through the
                       output stage (which adds the held-back text)
-* scheduler -> output stage: `StepOutputs` (one per step, asked; answered `OutputsDone`), `Forget`
-* output stage -> request actor: `TokenOut` (detokenized, finish decided), `Aborted`, `Failed`
-* runtime -> output stage: `Track`; runtime -> request actor: `Delivered` (client has the end)
+* scheduler -> output stage: `StepOutputs` (one per step, asked; answered `OutputsDone`) of
+                      `TokenOut`s without text, `Forget`
+* output stage -> request actor: `TokenOut` (the same message, now with its text and the
+                      finish decided), `Aborted`, `Failed`
+* runtime -> output stage: `Track` (with the request actor's ref); runtime -> request actor:
+                      `Delivered` (client has the end)
 * request actor -> scheduler: `Release` (its own failure)
 * scheduler -> itself: `StepDone` (a model step came back from its worker thread)
 * control -> scheduler: `WhenIdle` (answered as `SchedulerIdle`: a waiting flush, a drain)
@@ -20,7 +24,8 @@ Families (the receiving actor in brackets):
                       request joins), `SessionEnd` (from the request actor), `SessionReap` (timer)
 
 A message that concerns one request carries its `rid`, so the flight recorder files it under
-that request. Dispatch is by type through each actor's handler table, never by name.
+that request. A message names an actor by its `ActorRef` (`actors.actor`), never by the actor
+object: what crosses between actors is plain data, rids and refs. Dispatch is by type through each actor's handler table, never by name.
 """
 
 from __future__ import annotations
@@ -50,18 +55,25 @@ from .messages_weights_group import (  # noqa: F401
     WeightsGroupJoined as WeightsGroupJoined,
 )
 
+#: The messages sent once per request or once per token (submission, the scheduler's and the
+#: output stage's to a request actor, a step's): slotted dataclasses that are not frozen, because
+#: building a frozen one costs about ten times as much (each field is set through
+#: ``object.__setattr__``) and a token pays for two. Like every message, none is ever written
+#: after it is sent. The others (control, sessions, weights) stay frozen.
+hot = dataclass(slots=True)
+
 # -- submission ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Submit:
     rid: str
     seq: Any            # engine.sequence.Sequence
-    actor: Any          # the request actor that receives this request's outputs
+    ref: Any            # the ActorRef of the request actor that receives this request's outputs
     lora: str | None = None   # the LoRA adapter it runs under (held from admission to its end)
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Release:
     """The request actor is done with its sequence (stop string, own failure): free it."""
     rid: str
@@ -79,6 +91,8 @@ QUEUE_TIMEOUT = "Request waiting timeout reached."
 
 @dataclass(frozen=True, slots=True)
 class AbortRequest:
+    """Abort the requests it names: from a client (the route, a disconnect, a deadline) to the
+    control actor, which hands the same message on to every scheduler."""
     rid: str | None = None
     prefix: bool = False
     abort_all: bool = False
@@ -113,15 +127,6 @@ class ControlResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Abort:
-    rid: str | None = None
-    prefix: bool = False
-    abort_all: bool = False
-    reason: str = "abort"
-    lora: str | None = None   # the requests holding this adapter
-
-
-@dataclass(frozen=True, slots=True)
 class Pause:
     mode: str
 
@@ -145,79 +150,81 @@ class FlushTimeout:
 # -- scheduler -> request actor -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Scheduled:
     rid: str
     cached_tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class PrefillProgress:
     rid: str
     computed: int
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class TokenOut:
-    """One generated token, detokenized by the output stage (`text` is the stable delta)."""
+    """One generated token. From the scheduler to the output stage (in `StepOutputs`) it carries
+    the scheduler's verdict (EOS, length) and no text; the stage sends the request actor the
+    same message with the stable text delta, and the finish decided (a stop string too)."""
     rid: str
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     finish_reason: str | None = None     # set on the last token: stop | length
-    text: str = ""
-    matched: int | str | None = None     # with stop: the stop token id or stop string that ended it
     ids_logprobs: list[tuple[int, float]] | None = None   # SamplingParams.token_ids_logprob
     prompt_logprobs: Any = None          # engine.base.PromptLogprobs, with the first token
     spec: tuple[int, int] | None = None  # first token of a speculative step: (verified, accepted)
     weight_version: str | None = None    # the weights that made it (its step's version)
+    text: str = ""                       # the stable text delta (set by the output stage)
+    matched: int | str | None = None     # with stop: the stop token id or stop string that ended it
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class PoolOut:
     rid: str
     pooled: Any
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Paused:
     rid: str
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Resumed:
     rid: str
     prefill_complete: bool = True     # the sequence's prompt is in the KV: back to decode
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Retracted:
     rid: str
     cause: str = "pause"      # kv_pressure | priority:<the rid it made room for> | pause
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class QueueTimeout:
     """Request `rid`'s queue deadline (``--max-queue-time``) passed: the scheduler ends it if it
     is still waiting for its first admission."""
     rid: str
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Aborted:
     rid: str
     reason: str = "abort"
     text: str = ""           # what the output stage still held back (the partial text's tail)
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Failed:
     rid: str
     error: str
     text: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Delivered:
     """The client took the request's final output off its stream: the request is done."""
     rid: str
@@ -226,44 +233,29 @@ class Delivered:
 # -- scheduler <-> output stage -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Track:
-    """A generation request starts: the output stage keeps its detokenizer and its actor."""
+    """A generation request starts: the output stage keeps its detokenizer and its actor's ref."""
     rid: str
-    actor: Any               # the request actor (inside the runtime; never crosses to HTTP)
+    ref: Any                 # the request actor's ActorRef
     detokenizer: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class Forget:
     """The scheduler let go of a request that ended on its own: drop its output state."""
     rid: str
 
 
-@dataclass(frozen=True, slots=True)
-class TokenItem:
-    """One member's token of a step, with the scheduler's verdict (EOS, length) if any."""
-    rid: str
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-    finish_reason: str | None = None
-    ids_logprobs: list[tuple[int, float]] | None = None
-    prompt_logprobs: Any = None          # engine.base.PromptLogprobs, with the first token
-    # The first token of a speculative step: (drafts verified, drafts accepted) in that step
-    spec: tuple[int, int] | None = None
-    weight_version: str | None = None    # the version of the weights the step that made it ran with
-
-
-@dataclass(frozen=True, slots=True)
+@hot
 class StepOutputs:
     """One batched message per step (asked): the stage answers with the rids it finished
     (stop strings), before the scheduler plans the next step."""
     step: int
-    items: tuple[TokenItem, ...]
+    items: tuple[TokenOut, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class OutputsDone:
     """The output stage's answer to `StepOutputs`, back at the scheduler."""
     step: int
@@ -281,7 +273,7 @@ class BatchWindowClosed:
     """The scheduler's batching window ran out: start the step with what has arrived."""
 
 
-@dataclass(frozen=True, slots=True)
+@hot
 class StepDone:
     step: int
     batch: list[tuple[Any, int]]
@@ -329,21 +321,51 @@ FINAL_FIELDS = ("finished", "finish_reason", "error", "pooled", "prompt_tokens",
                 "cached_tokens", "matched_stop", "aborted_in", "spec", "weight_versions", "timings")
 
 
-def merge_outputs(items: list[RequestOutput]) -> RequestOutput:
-    """A request's output items (deltas, in order) as one output: the texts, token ids and
-    logprobs joined, the prompt logprobs where they came, the rest (`FINAL_FIELDS`) the last
-    item's. One item is returned as it is."""
+def delta_output(rid: str, d: tuple) -> RequestOutput:  # type: ignore[type-arg]
+    """A token delta kept as a tuple (`OutputStream.put_token`: text, token id, logprob entry,
+    prompt logprobs, closed weight spans, open span's version, start, end) as an output."""
+    text, tok, lp, plp, vdone, vcur, vstart, vend = d
+    versions = vdone if vcur is None else vdone + ((vcur, vstart, vend),)
+    return RequestOutput(rid, text=text, token_ids=[tok], logprobs=None if lp is None else [lp],
+                         prompt_logprobs=plp, weight_versions=versions)
+
+
+def merge_outputs(items: list[Any], rid: str = "") -> RequestOutput:
+    """A request's output items (deltas, in order; `RequestOutput`s or token tuples, see
+    `delta_output`) as one output: the texts, token ids and logprobs joined, the prompt logprobs
+    where they came, the rest (`FINAL_FIELDS`) the last item's. One item is returned as it is."""
     if not items:
         raise ValueError("no output items to merge")
+    last = items[-1]
     if len(items) == 1:
-        return items[0]
-    first, last = items[0], items[-1]
-    merged = RequestOutput(first.rid, text="".join(it.text for it in items),
-                           token_ids=[t for it in items for t in it.token_ids])
-    lps = [lp for it in items if it.logprobs for lp in it.logprobs]
-    merged.logprobs = lps if lps or first.logprobs is not None else None
-    merged.prompt_logprobs = next((it.prompt_logprobs for it in reversed(items)
-                                   if it.prompt_logprobs is not None), None)
+        return delta_output(rid, last) if type(last) is tuple else last
+    texts: list[str] = []
+    ids: list[int] = []
+    lps: list[Any] = []
+    plp = None
+    for it in items:
+        if type(it) is tuple:
+            texts.append(it[0])
+            ids.append(it[1])
+            if it[2] is not None:
+                lps.append(it[2])
+            if it[3] is not None:
+                plp = it[3]
+        else:
+            texts.append(it.text)
+            ids.extend(it.token_ids)
+            if it.logprobs:
+                lps.extend(it.logprobs)
+            if it.prompt_logprobs is not None:
+                plp = it.prompt_logprobs
+    first = items[0]
+    had_lps = (first[2] is not None) if type(first) is tuple else first.logprobs is not None
+    merged = RequestOutput(rid if type(first) is tuple else first.rid,
+                           text="".join(texts), token_ids=ids)
+    merged.logprobs = lps if lps or had_lps else None
+    merged.prompt_logprobs = plp
+    if type(last) is tuple:
+        last = delta_output(rid, last)
     for f in FINAL_FIELDS:
         setattr(merged, f, getattr(last, f))
     return merged

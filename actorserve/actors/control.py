@@ -17,6 +17,9 @@ stalls is ``paused_retract`` and ``unhealthy`` at once; nothing is re-fired when
 The control actor never waits inside a handler: it asks a scheduler and the answer comes back
 as a `ControlDone` (or `SchedulerIdle`) message, where the record's final transition fires and
 the caller's future resolves. Open records are kept by rid until they end.
+
+It holds refs only (the schedulers', the session actor's) and publishes its regions after each
+turn (`publish`): the runtime's `snapshot()`, `server_info()` and weight version read that.
 """
 
 from __future__ import annotations
@@ -27,21 +30,19 @@ from collections import deque
 from typing import Any
 
 from ..messages import (
-    Abort, AbortRequest, Aborted, CloseSession, Continue, ContinueGeneration, ControlDone, ControlResult,
+    AbortRequest, Aborted, CloseSession, Continue, ContinueGeneration, ControlDone, ControlResult,
     Drain, Flush, FlushCache, FlushTimeout, HealthCheck, HealthDone, HealthVerdict, OpenSession,
     Pause, PauseGeneration, SchedulerIdle, ServerEvent, WhenIdle,
 )
 from ..statemachines import (
-    CONTROL, HEALTH, PAUSED_MODE, SERVER, WEIGHTS, ControlState, GenState, HealthState, IllegalTransition,
-    PoolState, ServerState,
+    CONTROL, HEALTH, PAUSED_MODE, SERVER, WEIGHTS, ControlState, HealthState, IllegalTransition, ServerState,
 )
-from .actor import Actor, handles
+from .actor import ActorRef, handles
 from .memory_control import MEMORY_OPS, MemoryControl, memory_models
 from .weights_control import WEIGHT_OPS, WeightsModel
 from .lora_control import LoraControl
 
 S = ServerState
-_DELIVERING = (GenState.detok, PoolState.pool)    # result known, not yet taken by the client
 
 
 class ControlRecord:
@@ -81,12 +82,13 @@ class HealthModel:
 
 
 class ControlActor(MemoryControl, LoraControl):
-    def __init__(self, scheduler: Actor, *, pool_schedulers: dict[str, Actor] | None = None,
-                 name: str = "control", weight_version: str = "default") -> None:
+    def __init__(self, scheduler: ActorRef, *, pool_schedulers: dict[str, ActorRef] | None = None,
+                 name: str = "control", weight_version: str = "default", engine: Any = None) -> None:
         super().__init__(name)
         self.scheduler = scheduler
+        self.engine = engine                    # the generation engine (a weight update reads against it)
         self.pool_schedulers = dict(pool_schedulers or {})
-        self.sessions: Actor | None = None      # the session actor (open/close_session go there)
+        self.sessions: ActorRef | None = None   # the session actor (open/close_session go there)
         self.server = ServerModel()
         self.health = HealthModel()
         self.weights = WeightsModel(weight_version)    # the WEIGHTS lifecycle (weights_control)
@@ -105,7 +107,7 @@ class ControlActor(MemoryControl, LoraControl):
     def pause_mode(self) -> str | None:
         return PAUSED_MODE.get(self.server.state)
 
-    def _schedulers(self) -> list[Actor]:
+    def _schedulers(self) -> list[ActorRef]:
         return [s for s in (self.scheduler, *self.pool_schedulers.values()) if s.alive]
 
     def _new(self, op: str, *, deferred: bool = True) -> ControlRecord:
@@ -132,7 +134,7 @@ class ControlActor(MemoryControl, LoraControl):
         if rec.state is ControlState.received:
             CONTROL.fire(rec, "wait", observer=self._rec)
 
-    def _ask(self, rec: ControlRecord, target: Actor, message: Any) -> None:
+    def _ask(self, rec: ControlRecord, target: ActorRef, message: Any) -> None:
         """Ask `target`; its answer comes back to us as `ControlDone` for this record."""
         assert self.system is not None
         rec.parts += 1
@@ -156,24 +158,20 @@ class ControlActor(MemoryControl, LoraControl):
         if len(targets) > 1:
             self._wait(rec)
         for sched in targets:
-            self._ask(rec, sched, Abort(msg.rid, msg.prefix, msg.abort_all, msg.reason, msg.lora))
+            self._ask(rec, sched, msg)
         return rec.reply
 
     def _aborted(self, rec: ControlRecord) -> ControlResult:
         """Every scheduler answered. A request whose result is known but not yet taken by its
-        client (``detok``, ``pool``) is in no scheduler: it is told `Aborted` here."""
+        client (``detok``, ``pool``) is in no scheduler: it is told `Aborted` here. The request
+        registry lists those (`registry.py`): by rid in O(1), never a scan of every live request."""
         msg: AbortRequest = rec.msg
         matched = set(rec.matched)
         assert self.system is not None
-        for name, actor in self.system.actors.items():
-            if not name.startswith("req:") or not actor.alive:
-                continue
-            rid = name[4:]
-            if rid in matched or getattr(actor, "state", None) not in _DELIVERING or msg.lora is not None:
-                continue   # a request still in a scheduler hears it from there (one in detok holds no adapter)
-            if msg.abort_all or (msg.prefix and rid.startswith(msg.rid or "\0")) or rid == msg.rid:
-                actor.tell(Aborted(rid, msg.reason))
-                matched.add(rid)
+        if msg.lora is None:         # one in detok holds no adapter any more
+            for rid, ref in self.system.requests.delivering_matches(msg.rid, msg.prefix, msg.abort_all):
+                if rid not in matched and ref.tell_if_alive(Aborted(rid, msg.reason)):
+                    matched.add(rid)
         n = len(matched)
         return ControlResult(True, f"aborted {n} request(s)", {"aborted": n})
 
@@ -285,7 +283,7 @@ class ControlActor(MemoryControl, LoraControl):
         elif op == "continue_generation" and self.server.state in PAUSED_MODE:
             self._server_fire("resume")
 
-    def _ask_idle(self, rec: ControlRecord, sched: Actor) -> None:
+    def _ask_idle(self, rec: ControlRecord, sched: ActorRef) -> None:
         assert self.system is not None
         rid, name = rec.rid, sched.name
         self.system.pipe(sched.ask(WhenIdle()), self, wrap=lambda res, err: SchedulerIdle(rid, name, err))
@@ -363,4 +361,12 @@ class ControlActor(MemoryControl, LoraControl):
         return {"state": self.server.state.name, "pause_mode": self.pause_mode,
                 "reason": self.server.reason, "health": self.health.state.name,
                 "health_reason": self.health.reason, "stalls": self.health.stalls}
+
+    def publish(self) -> dict[str, Any]:
+        """What the runtime reads of the control plane, taken after each turn."""
+        return {"server": self.snapshot(), "weight_version": self.weights.version,
+                "memory_out": self.memory_out,
+                "recent_controls": [{"rid": r.rid, "op": r.op, "state": r.state.name,
+                                     "message": r.result.message if r.result else ""}
+                                    for r in self.history]}
 

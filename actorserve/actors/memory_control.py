@@ -64,7 +64,7 @@ class MemoryControl(Actor):
     memory: dict[str, MemoryModel]
     weights: Any
     server: Any
-    scheduler: Actor
+    scheduler: Any          # the generation scheduler's ActorRef
     open: dict[str, Any]
     # and its `_new`, `_end`, `_ask`, `_rec`
 

@@ -31,14 +31,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..messages import Aborted, Failed, Forget, OutputsDone, StepOutputs, TokenOut, Track
-from .actor import Actor, handles
+from .actor import Actor, ActorRef, handles
 
 
 class _Tracked:
     __slots__ = ("actor", "detok", "tokens")
 
-    def __init__(self, actor: Actor, detok: Any) -> None:
-        self.actor = actor
+    def __init__(self, actor: ActorRef, detok: Any) -> None:
+        self.actor = actor           # the request actor's ref
         self.detok = detok
         self.tokens = 0          # tokens of this request seen here
 
@@ -54,7 +54,7 @@ class OutputStage(Actor):
 
     @handles(Track)
     def _track(self, msg: Track) -> None:
-        self.tracked[msg.rid] = _Tracked(msg.actor, msg.detokenizer)
+        self.tracked[msg.rid] = _Tracked(msg.ref, msg.detokenizer)
 
     @handles(Forget)
     def _forget(self, msg: Forget) -> None:
@@ -91,9 +91,8 @@ class OutputStage(Actor):
                     stopped.append(item.rid)
             if t.actor.alive:
                 t.actor.tell(TokenOut(item.rid, item.token_id, item.logprob, item.top_logprobs,
-                                      finish, text, matched, ids_logprobs=item.ids_logprobs,
-                                      prompt_logprobs=item.prompt_logprobs, spec=item.spec,
-                                      weight_version=item.weight_version))
+                                      finish, item.ids_logprobs, item.prompt_logprobs, item.spec,
+                                      item.weight_version, text, matched))
         return tuple(stopped), tuple(failed), dropped
 
     def _detokenize(self, t: _Tracked, item: Any, rec: Any) -> tuple[str, str | None, int | str | None]:
@@ -137,9 +136,10 @@ class OutputStage(Actor):
         self._ending(msg)
 
     def on_stop(self) -> None:
+        """Every request still tracked ends ``aborted`` with the text its detokenizer held."""
         for rid, t in list(self.tracked.items()):
-            if t.actor.alive:
-                t.actor.tell(Aborted(rid, "server shutting down"))
+            tail = t.detok.finish() if t.detok is not None else ""
+            t.actor.tell_if_alive(Aborted(rid, "server shutting down", tail))
         self.tracked.clear()
 
 

@@ -16,91 +16,30 @@ blocks the actor). The request is ``done`` when its client has taken the final o
 stream: the stream tells the runtime, which tells the actor `Delivered`. So ``detok`` (and
 ``pool``) last from the moment the result is known until the client has it, and a client that
 leaves before then aborts a request that is still live. When the actor reaches a terminal state
-it stops itself, so neither it nor its mailbox outlives the request.
+it stops itself, so neither it nor its mailbox outlives the request. A request actor stopped
+from outside before its end (the server shutting down) ends ``aborted`` in its own teardown.
+
+A request actor holds refs only (its scheduler's, its session's); it registers in the system's
+request registry (`registry.py`) while it runs and publishes its state there on each transition.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Callable
 
 from ..messages import (
     DEADLINE_EXCEEDED, Aborted, Delivered, Failed, Paused, PoolOut, PrefillProgress, QueueTimeout, Release,
-    RequestOutput, Resumed, Retracted, Scheduled, SessionEnd, TokenOut, merge_outputs,
+    RequestOutput, Resumed, Retracted, Scheduled, SessionEnd, TokenOut,
 )
-from ..statemachines import GENERATION, POOLING, GenState, Lifecycle
-from .actor import Actor, handles
+from ..statemachines import GENERATION, POOLING, GenState, Lifecycle, PoolState
+from .actor import Actor, ActorRef, handles
+from .registry import RequestEntry
+from .stream import OutputStream
 
-
-class OutputStream:
-    """What a request actor hands its client: deltas, then one item with `finished`.
-
-    One consumer. `get` wakes on every item (a streaming client); `final` waits for the last
-    one only and merges everything at once (a non-streaming client: one wake-up per request,
-    not one per token).
-    """
-
-    __slots__ = ("_items", "_waiter", "_at_close", "closed", "on_final", "rid")
-
-    def __init__(self, on_final: Callable[[str], None] | None = None, rid: str = "") -> None:
-        self._items: list[RequestOutput] = []   # a handful of items: a list is 10x smaller than a deque
-        self._waiter: asyncio.Future[None] | None = None
-        self._at_close = False      # the waiter wants the last item only
-        self.closed = False
-        self.on_final = on_final    # called once with `rid`, when the consumer takes the final item
-        self.rid = rid
-
-    def put(self, item: RequestOutput) -> None:
-        if self.closed:
-            return
-        self._items.append(item)
-        if item.finished:
-            self.closed = True
-        w = self._waiter
-        if w is not None and (self.closed or not self._at_close) and not w.done():
-            w.set_result(None)
-
-    async def _wait(self, at_close: bool) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        self._at_close = at_close
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-    async def get(self) -> RequestOutput:
-        while not self._items:
-            await self._wait(False)
-        return self.get_nowait()
-
-    def get_nowait(self) -> RequestOutput:
-        """The next item (IndexError if none); taking the final one tells `on_final`."""
-        item = self._items.pop(0)
-        if item.finished and self.on_final is not None:
-            cb, self.on_final = self.on_final, None
-            cb(self.rid)
-        return item
-
-    def __aiter__(self) -> "OutputStream":
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if not self._items and self.closed:
-            raise StopAsyncIteration
-        return await self.get()
-
-    async def final(self) -> RequestOutput:
-        """Wait for the end and merge every item into one output (non-streaming clients)."""
-        while not self.closed:
-            await self._wait(True)
-        items, self._items = self._items, []
-        if not items:
-            raise RuntimeError("the stream was already read to its end")
-        last = items[-1]
-        if self.on_final is not None and last.finished:
-            cb, self.on_final = self.on_final, None
-            cb(self.rid)
-        return merge_outputs(items)
+#: the states in which a request's result is known and its client has not yet taken it: it is
+#: in no scheduler any more, and the request registry lists it for an abort to find
+DELIVERING = (GenState.detok, PoolState.pool)
+_PREFILL = GenState.prefill
 
 
 class RequestActor(Actor):
@@ -109,11 +48,11 @@ class RequestActor(Actor):
     __slots__ = ("rid", "state", "scheduler", "stream", "is_probe", "prompt_tokens",
                  "cached_tokens", "t_arrival", "t_first", "t_done", "deadline", "on_deadline",
                  "_deadline_timer", "durations", "_t_entered", "queue_deadline", "_queue_timer",
-                 "priority", "on_scheduled")
+                 "priority", "on_scheduled", "_entry")
     lifecycle: Lifecycle
     mailbox_capacity = 4096
 
-    def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int, is_probe: bool = False) -> None:
+    def __init__(self, rid: str, *, scheduler: ActorRef, prompt_tokens: int, is_probe: bool = False) -> None:
         super().__init__(f"req:{rid}")
         self.rid = rid
         self.state = self.lifecycle.initial
@@ -131,10 +70,11 @@ class RequestActor(Actor):
         self.queue_deadline: float | None = None    # --max-queue-time: seconds after arrival
         self._queue_timer: Any = None
         self.priority = 0                        # the request's scheduling priority
-        # (actor, message): told once, when the scheduler first takes the request (a stored
+        # (ref, message): told once, when the scheduler first takes the request (a stored
         # response's `ResponseStarted`)
-        self.on_scheduled: tuple[Actor, Any] | None = None
-        self.durations: dict[str, float] = {}    # state name -> seconds spent in it so far
+        self.on_scheduled: tuple[ActorRef, Any] | None = None
+        self._entry: RequestEntry | None = None
+        self.durations: dict[Any, float] = {}    # state -> seconds spent in it so far
         self._t_entered = 0.0                    # when the current state was entered
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -142,6 +82,8 @@ class RequestActor(Actor):
         sysm = self.system
         assert sysm is not None
         self.t_arrival = self._t_entered = sysm.clock.now()
+        self._entry = RequestEntry(self.ref, self.lifecycle.name, self.state, self.is_probe)
+        sysm.requests.add(self.rid, self._entry)
         if sysm.recorder is not None:
             data = {"probe": True} if self.is_probe else {"priority": self.priority} if self.priority else None
             sysm.recorder.created(self.lifecycle, self, data)
@@ -155,8 +97,7 @@ class RequestActor(Actor):
     def _queue_deadline_passed(self) -> None:
         """Still queued? The scheduler decides (it may have admitted the request meanwhile)."""
         self._queue_timer = None
-        if self.scheduler.alive:
-            self.scheduler.tell(QueueTimeout(self.rid))
+        self.scheduler.tell_if_alive(QueueTimeout(self.rid))
 
     def _cancel_queue_timer(self) -> None:
         if self._queue_timer is not None:
@@ -168,6 +109,10 @@ class RequestActor(Actor):
             self._deadline_timer.cancel()
             self._deadline_timer = None
         self._cancel_queue_timer()
+        if not self.terminal:        # stopped from outside (shutdown) before its end
+            self._aborted(Aborted(self.rid, "server shutting down"))
+        if self._entry is not None and self.system is not None:
+            self.system.requests.remove(self.rid, self._entry)
 
     def fire(self, event: str) -> None:
         sysm = self.system
@@ -175,8 +120,16 @@ class RequestActor(Actor):
         self.lifecycle.fire(self, event, observer=sysm.recorder if sysm is not None else None)
         if sysm is not None:         # the time in `src` ends with this transition
             now = sysm.clock.now()
-            self.durations[src.name] = self.durations.get(src.name, 0.0) + (now - self._t_entered)
+            d = self.durations
+            d[src] = d.get(src, 0.0) + (now - self._t_entered)
             self._t_entered = now
+        entry = self._entry
+        if entry is not None:        # publish the new state in the registry
+            dst = entry.state = self.state
+            if dst in DELIVERING:
+                sysm.requests.delivering[self.rid] = entry.ref   # type: ignore[union-attr]
+            elif src in DELIVERING:
+                sysm.requests.delivering.pop(self.rid, None)     # type: ignore[union-attr]
 
     @property
     def terminal(self) -> bool:
@@ -188,7 +141,7 @@ class RequestActor(Actor):
         item.prompt_tokens = self.prompt_tokens
         item.cached_tokens = self.cached_tokens
         if not self.terminal:        # it has its result (detok, pool): its time per state
-            item.timings = dict(self.durations)
+            item.timings = {state.name: t for state, t in self.durations.items()}
         self._fill_usage(item)
         self.stream.put(item)
 
@@ -217,9 +170,8 @@ class RequestActor(Actor):
         self._cancel_queue_timer()            # admitted: the queue deadline is over
         self.fire("schedule")
         if self.on_scheduled is not None:
-            (actor, note), self.on_scheduled = self.on_scheduled, None
-            if actor.alive:
-                actor.tell(note)
+            (ref, note), self.on_scheduled = self.on_scheduled, None
+            ref.tell_if_alive(note)
 
     @handles(Aborted)
     def _aborted(self, msg: Aborted) -> None:
@@ -243,35 +195,43 @@ class RequestActor(Actor):
         try:
             self.fire("fail")
         finally:
-            if self.scheduler.alive:
-                self.scheduler.tell(Release(self.rid, "error"))
+            self.scheduler.tell_if_alive(Release(self.rid, "error"))
             self._finish(RequestOutput(self.rid, finish_reason="error", error=error))
 
 
 class GenerationActor(RequestActor):
-    __slots__ = ("want_logprobs", "completion_tokens", "session", "out_ids", "spec", "versions")
+    __slots__ = ("want_logprobs", "completion_tokens", "session", "out_ids", "spec",
+                 "_vdone", "_vcur", "_vstart", "_vend")
     lifecycle = GENERATION
 
-    def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
+    def __init__(self, rid: str, *, scheduler: ActorRef, prompt_tokens: int,
                  logprobs: bool = False, is_probe: bool = False,
-                 session: tuple[Actor, str] | None = None) -> None:
+                 session: tuple[ActorRef, str] | None = None) -> None:
         super().__init__(rid, scheduler=scheduler, prompt_tokens=prompt_tokens, is_probe=is_probe)
         self.want_logprobs = logprobs
         self.completion_tokens = 0
-        # (session actor, session id): told `SessionEnd` with the output ids when the request ends
+        # (session actor's ref, session id): told `SessionEnd` with the output ids when the request ends
         self.session = session
         self.out_ids: list[int] | None = [] if session is not None else None
         self.spec: tuple[int, int, int] | None = None    # (verify steps, drafts, accepted)
-        # its tokens per weight version: ((version, start, end), ...), one span per run of tokens
-        # made by the same weights (a request retracted and resumed under new ones has two)
-        self.versions: tuple[tuple[str, int, int], ...] = ()
+        # its tokens per weight version (`versions`): the spans closed so far, and the open one
+        # (version, start, end), kept apart so that a token of the same version only moves `end`
+        self._vdone: tuple[tuple[str, int, int], ...] = ()
+        self._vcur: str | None = None
+        self._vstart = self._vend = 0
+
+    @property
+    def versions(self) -> tuple[tuple[str, int, int], ...]:
+        """Its tokens per weight version: ((version, start, end), ...), one span per run of tokens
+        made by the same weights (a request retracted and resumed under new ones has two)."""
+        cur = self._vcur
+        return self._vdone if cur is None else self._vdone + ((cur, self._vstart, self._vend),)
 
     def _final(self, item: RequestOutput) -> None:
         if self.session is not None:
-            actor, sid = self.session
+            ref, sid = self.session
             self.session = None
-            if actor.alive:
-                actor.tell(SessionEnd(sid, self.rid, tuple(self.out_ids or ()), item.finish_reason))
+            ref.tell_if_alive(SessionEnd(sid, self.rid, tuple(self.out_ids or ()), item.finish_reason))
         super()._final(item)
 
     def _fill_usage(self, item: RequestOutput) -> None:
@@ -281,13 +241,15 @@ class GenerationActor(RequestActor):
 
     def _version(self, version: str | None) -> None:
         """Token number `completion_tokens` (just counted) was made by weights `version`."""
-        n, spans = self.completion_tokens, self.versions
+        n = self.completion_tokens
         if version is None:            # made outside a scheduler step (tests): nothing to say
             return
-        if spans and spans[-1][0] == version and spans[-1][2] == n - 1:
-            self.versions = spans[:-1] + ((version, spans[-1][1], n),)
-        else:
-            self.versions = spans + ((version, n - 1, n),)
+        if version == self._vcur and self._vend == n - 1:
+            self._vend = n
+            return
+        if self._vcur is not None:
+            self._vdone += ((self._vcur, self._vstart, self._vend),)
+        self._vcur, self._vstart, self._vend = version, n - 1, n
 
     @handles(PrefillProgress)
     def _progress(self, msg: PrefillProgress) -> None:
@@ -295,25 +257,30 @@ class GenerationActor(RequestActor):
 
     @handles(TokenOut)
     def _token(self, msg: TokenOut) -> None:
-        if self.state is GenState.prefill:
+        if self.state is _PREFILL:
             self.fire("first_token")
         if self.t_first is None:
             assert self.system is not None
             self.t_first = self.system.clock.now()
-        self.completion_tokens += 1
-        self._version(msg.weight_version)
+        n = self.completion_tokens = self.completion_tokens + 1
+        v = msg.weight_version
+        if v is not None and v == self._vcur and self._vend == n - 1:
+            self._vend = n                   # the open span goes on (the common case, inline)
+        else:
+            self._version(v)
         if msg.spec is not None:
             steps, drafts, accepted = self.spec or (0, 0, 0)
             self.spec = (steps + 1, drafts + msg.spec[0], accepted + msg.spec[1])
         if self.out_ids is not None:
             self.out_ids.append(msg.token_id)
-        lp = [(msg.token_id, msg.logprob, msg.top_logprobs, msg.ids_logprobs)] if self.want_logprobs else None
+        lp = (msg.token_id, msg.logprob, msg.top_logprobs, msg.ids_logprobs) if self.want_logprobs else None
         if msg.finish_reason is None:
-            self.stream.put(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp,
-                                          prompt_logprobs=msg.prompt_logprobs, weight_versions=self.versions))
+            self.stream.put_token(msg.text, msg.token_id, lp, msg.prompt_logprobs,
+                                  self._vdone, self._vcur, self._vstart, self._vend)
             return
         self.fire("finish")           # the last token is known: detok until the client has it
-        self._final(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id], logprobs=lp,
+        self._final(RequestOutput(self.rid, text=msg.text, token_ids=[msg.token_id],
+                                  logprobs=None if lp is None else [lp],
                                   finish_reason=msg.finish_reason, matched_stop=msg.matched,
                                   prompt_logprobs=msg.prompt_logprobs))
 
@@ -335,7 +302,7 @@ class PoolingActor(RequestActor):
     __slots__ = ("head",)
     lifecycle = POOLING
 
-    def __init__(self, rid: str, *, scheduler: Actor, prompt_tokens: int,
+    def __init__(self, rid: str, *, scheduler: ActorRef, prompt_tokens: int,
                  head: Callable[[Any], Any] | None = None, is_probe: bool = False) -> None:
         super().__init__(rid, scheduler=scheduler, prompt_tokens=prompt_tokens, is_probe=is_probe)
         self.head = head          # the request's pooling head (from its PoolingParams)

@@ -27,17 +27,18 @@ of a session goes (deleted or evicted), the session is closed, so its token tree
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Any
-
 import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 from ..messages import (
     AbortRequest, CloseSession, ControlResult, ResponseBegin, ResponseCancel, ResponseDelete, ResponseEnd,
     ResponseStarted,
 )
 from ..statemachines import RESPONSE, ResponseState
-from .actor import Actor, handles
+from .actor import Actor, ActorRef, handles
 
 #: the event that ends a response's generation, by the status it ends with
 END_EVENTS = {"completed": "complete", "incomplete": "run_out", "failed": "fail", "cancelled": "cancel"}
@@ -45,6 +46,16 @@ CONTINUABLE = (ResponseState.completed, ResponseState.incomplete)
 LIVE = (ResponseState.queued, ResponseState.in_progress)
 #: why a cancelled background response's request was aborted (its recorded abort reason)
 CANCELLED = "cancelled: POST /v1/responses/{id}/cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredView:
+    """What the store publishes of one response (the HTTP layer reads these, never the model)."""
+    response_id: str
+    state: ResponseState
+    body: Any
+    record: dict[str, Any] | None
+    background: bool
 
 
 class StoredResponse:
@@ -71,8 +82,8 @@ def _reject(message: str, code: str = "invalid_request") -> ControlResult:
 
 
 class ResponseStoreActor(Actor):
-    def __init__(self, sessions: Actor | None = None, *, capacity: int = 1000,
-                 name: str = "responses", control: Actor | None = None) -> None:
+    def __init__(self, sessions: ActorRef | None = None, *, capacity: int = 1000,
+                 name: str = "responses", control: ActorRef | None = None) -> None:
         super().__init__(name)
         if capacity < 0:
             raise ValueError(f"the responses store's capacity must be >= 0, got {capacity}")
@@ -80,6 +91,7 @@ class ResponseStoreActor(Actor):
         self.control = control          # where a cancel's abort goes (the control actor)
         self.capacity = capacity
         self.entries: dict[str, StoredResponse] = {}
+        self.views: dict[str, StoredView] = {}     # what is published: one view per live entry
         self.ended: OrderedDict[str, None] = OrderedDict()     # ended responses, oldest first
         self.deleted = 0
         self.evicted = 0
@@ -92,6 +104,15 @@ class ResponseStoreActor(Actor):
         RESPONSE.fire(r, event, observer=self._rec)
         if r.state in LIVE and isinstance(r.body, dict):
             r.body = {**r.body, "status": r.state.name}
+        self._view(r)
+
+    def _view(self, r: StoredResponse) -> None:
+        self.views[r.response_id] = StoredView(r.response_id, r.state, r.body, r.record, r.background)
+
+    def publish(self) -> dict[str, Any]:
+        """The entries' views (a read-only map, replaced entry by entry inside turns) and counts."""
+        return {"entries": MappingProxyType(self.views), "capacity": self.capacity,
+                "deleted": self.deleted, "evicted": self.evicted}
 
     # -- reads (plain data, from the loop) -----------------------------------------------------
     def get(self, response_id: str) -> StoredResponse | None:
@@ -128,6 +149,7 @@ class ResponseStoreActor(Actor):
             previous = p.record
         r = StoredResponse(msg.response_id, msg.body, msg.background)
         self.entries[msg.response_id] = r
+        self._view(r)
         if self._rec is not None:
             self._rec.created(RESPONSE, r, {"previous": msg.previous_id})
         return ControlResult(True, "ok", {"previous": previous})
@@ -194,6 +216,7 @@ class ResponseStoreActor(Actor):
     def _drop(self, r: StoredResponse, event: str) -> None:
         self._fire(r, event)
         del self.entries[r.response_id]
+        self.views.pop(r.response_id, None)
         self.ended.pop(r.response_id, None)
         sid = r.session_id
         if sid is not None and self.sessions is not None and self.sessions.alive \

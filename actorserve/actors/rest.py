@@ -15,7 +15,7 @@ once, on the thread the model
 steps run on (``ActorSystem.call_on_step_thread``), so the trim never competes with a step for
 the heaps' locks and the event loop never blocks on it. A trim takes a few milliseconds.
 
-The trimmer reads the scheduler's public fields only (`idle`, `steps_done`) and is not an actor:
+The trimmer reads what the scheduler published (`idle`, `steps_done`: `Runtime.scheduler_probe`) and is not an actor:
 it sends nothing, so it is not on the flight recorder and never changes what a re-execution
 replays. Where the C library is not glibc there is nothing to call and the trimmer does nothing.
 """

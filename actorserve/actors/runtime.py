@@ -28,7 +28,11 @@ neither, so embeddings keep flowing while generation is paused.
 The HTTP layer talks only to this class — calls with request ids and plain data in, a
 `RequestHandle` (rid + output stream) and snapshots (`snapshot()`, `request_info(rid)`, `stats()`)
 out, never an actor — and every call that reaches an actor is synchronous up to the point where
-its message is in a mailbox (the awaitable it returns only waits for the answer). With a recorder, each call is noted as an ``input`` event with what it carried (the
+its message is in a mailbox (the awaitable it returns only waits for the answer). The runtime
+itself builds the actors and then holds them only to spawn them: it sends through their refs,
+finds a request by rid in the system's request registry, and reads what the actors published
+after their last turn (`runtime_reads.py`), never an actor's fields. Shutdown stops the actors
+with `Stop` messages (`ActorSystem.stop_all`); each one's teardown ends what it holds. With a recorder, each call is noted as an ``input`` event with what it carried (the
 prompt ids, the parameters, the rid chosen), so `actorserve replay --reexecute` can feed the
 same inputs through the same actors at the same points; `begin` notes the set-up (engines'
 geometry, batch limits) first.
@@ -40,6 +44,7 @@ import asyncio
 import dataclasses
 import functools
 import itertools
+import os
 import uuid
 from typing import Any, Callable
 
@@ -49,18 +54,19 @@ from ..engine.heads import apply_head
 from ..engine.params import ParamError, PoolingParams, SamplingParams
 from ..engine.sequence import Sequence
 from ..messages import (
-    DEADLINE_EXCEEDED, AbortRequest, Aborted, ControlResult, Delivered, Drain, HealthDone, OpenSession,
+    DEADLINE_EXCEEDED, AbortRequest, ControlResult, Delivered, Drain, HealthDone, OpenSession,
     ResponseBegin, ResponseCancel, ResponseDelete, ResponseEnd, ResponseStarted, ServerEvent, SessionEnd,
     Submit, Track,
 )
 from ..statemachines import ServerState
-from .actor import Actor
+from .actor import ActorRef
 from .clock import Clock
 from .control import ControlActor
 from .output import OutputStage
 from .request import GenerationActor, PoolingActor, RequestActor
 from .scheduler import SchedulerActor
 from .responses import ResponseStoreActor
+from .runtime_hooks import RuntimeHooks, fields_of
 from .runtime_reads import RuntimeReads
 from .session import SessionActor
 from .surface import DuplicateRequestId, Overloaded, RequestHandle
@@ -68,7 +74,7 @@ from .system import ActorSystem
 from .watchdog import WatchdogActor
 
 
-def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig, stage: Actor) -> SchedulerActor:
+def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig, stage: ActorRef) -> SchedulerActor:
     """A scheduler for a pooling engine: batch limits from the engine when it has them
     (an encoder runs each input whole), no prefix cache (an encoder has no KV to reuse)."""
     from ..engine.block_manager import BlockManager
@@ -79,11 +85,6 @@ def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig, stage: Actor
     return SchedulerActor(engine, stage=stage, batch=batch, block_manager=bm,
                           step_in_thread=cfg.step_in_thread, name=f"scheduler:{key}",
                           batch_wait_s=cfg.pool_batch_wait_s)
-
-
-def fields_of(obj: Any) -> dict[str, Any]:
-    """A parameters / message dataclass as a plain dict (shallow)."""
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
 _DEFAULTS: dict[type, tuple[tuple[str, Any], ...]] = {}
@@ -102,7 +103,7 @@ def changed_fields(obj: Any) -> dict[str, Any]:
 RESPONSE_INPUTS = (ResponseBegin, ResponseEnd, ResponseDelete, ResponseCancel)
 
 
-class Runtime(RuntimeReads):
+class Runtime(RuntimeReads, RuntimeHooks):
     def __init__(self, engine: Engine, *, config: SchedulerConfig | None = None,
                  clock: Clock | None = None, recorder: Any = None,
                  pooling_engines: dict[str, Engine] | None = None,
@@ -113,21 +114,34 @@ class Runtime(RuntimeReads):
         self.recorder = recorder
         self.new_detokenizer = detokenizer      # SamplingParams -> detokenizer (None: no text)
         self.system = ActorSystem(clock=clock, recorder=recorder)
+        # The actors are built here and spawned by `begin`; from then on the runtime uses their
+        # refs and what they publish (the objects stay reachable for tests and re-execution).
         self.stage = OutputStage()
-        self.scheduler = SchedulerActor(engine, stage=self.stage, batch=cfg.batch,
+        self.scheduler = SchedulerActor(engine, stage=self.stage.ref, batch=cfg.batch,
                                         step_in_thread=cfg.step_in_thread, weight_version=weight_version)
         self.pooling_engines: dict[str, Engine] = dict(pooling_engines or {})
         self.pool_schedulers: dict[str, SchedulerActor] = {
-            key: _pool_scheduler(key, eng, cfg, self.stage) for key, eng in self.pooling_engines.items()}
-        self.control_actor = ControlActor(self.scheduler, pool_schedulers=self.pool_schedulers,
-                                          weight_version=weight_version)
+            key: _pool_scheduler(key, eng, cfg, self.stage.ref) for key, eng in self.pooling_engines.items()}
+        self.control_actor = ControlActor(self.scheduler.ref, weight_version=weight_version, engine=engine,
+                                          pool_schedulers={k: s.ref for k, s in self.pool_schedulers.items()})
         self.sessions = SessionActor()                  # open/close_session via the control actor
-        self.control_actor.sessions = self.sessions
-        self.responses = ResponseStoreActor(self.sessions, capacity=cfg.responses_store,
-                                            control=self.control_actor)
+        self.control_actor.sessions = self.sessions.ref
+        self.responses = ResponseStoreActor(self.sessions.ref, capacity=cfg.responses_store,
+                                            control=self.control_actor.ref)
+        self.responses_capacity = cfg.responses_store
         self.watchdog: WatchdogActor | None = None      # --watchdog-timeout: stall -> unhealthy
+        self.watchdog_config: dict[str, float] | None = None
         if cfg.watchdog_timeout_s:
-            self.watchdog = WatchdogActor(self.scheduler, self.control_actor, timeout=cfg.watchdog_timeout_s)
+            self.watchdog = WatchdogActor(self.scheduler.ref, self.control_actor.ref, timeout=cfg.watchdog_timeout_s)
+            self.watchdog_config = {"timeout": self.watchdog.timeout, "interval": self.watchdog.interval}
+        self.sched_ref: ActorRef = self.scheduler.ref
+        self.pool_refs: dict[str, ActorRef] = {k: s.ref for k, s in self.pool_schedulers.items()}
+        self.stage_ref: ActorRef = self.stage.ref
+        self.control_ref: ActorRef = self.control_actor.ref
+        self.sessions_ref: ActorRef = self.sessions.ref
+        self.responses_ref: ActorRef = self.responses.ref
+        self._begun = False
+        self.steps_in_thread = cfg.step_in_thread
         self._seq = itertools.count(1)
         self._on_final = self.delivered
         self._on_deadline = self._deadline_passed
@@ -144,36 +158,21 @@ class Runtime(RuntimeReads):
     def begin(self) -> "asyncio.Future[Any]":
         """Spawn the long-lived actors; the returned future resolves when the server lifecycle
         has gone `starting -> serving`. Once begun, it answers with the state at once."""
-        if self.control_actor.system is not None:
+        if self._begun:
             done = asyncio.get_running_loop().create_future()
             done.set_result(ControlResult(True, self.server_state))
             return done
+        self._begun = True
         if self.recorder is not None:
             self.recorder.input("runtime", data=self.setup())
         for actor in (self.stage, self.scheduler, self.control_actor, self.sessions, self.responses,
                       self.watchdog, *self.pool_schedulers.values()):
             if actor is not None:
                 self.system.spawn(actor)
-        return self.control_actor.ask(ServerEvent("ready"))
+        return self.control_ref.ask(ServerEvent("ready"))
 
     async def start(self) -> None:
         await self.begin()
-
-    def setup(self) -> dict[str, Any]:
-        """What re-execution needs to rebuild this runtime around model stand-ins."""
-        def sched(s: SchedulerActor) -> dict[str, Any]:
-            return {"engine": fields_of(s.engine.info), "batch": fields_of(s.policy.config),
-                    "batch_wait_s": s.batch_wait_s, "prefix_cache": s.bm.enable_prefix_cache}
-        return {"generation": sched(self.scheduler),
-                "pooling": {key: sched(s) for key, s in self.pool_schedulers.items()},
-                "responses_store": self.responses.capacity,
-                "max_queue_time_s": self.max_queue_time,
-                "weight_version": self.scheduler.weight_version,
-                "lora": None if self.scheduler.lora_slots is None else {
-                    "max_loaded": self.scheduler.lora_slots.max_loaded,
-                    "max_rank": self.scheduler.lora_slots.max_rank},
-                "watchdog": None if self.watchdog is None else {
-                    "timeout": self.watchdog.timeout, "interval": self.watchdog.interval}}
 
     def _request_input(self, event: str, seq: Sequence, params: Any, xkey: str, extra: Any,
                        deadline: float | None = None, response: str | None = None,
@@ -204,24 +203,25 @@ class Runtime(RuntimeReads):
     # -- requests ------------------------------------------------------------------------------
     def _rid(self, rid: str | None) -> str:
         if rid is None or rid == "":
-            return uuid.uuid4().hex
-        if self.system.get(f"req:{rid}") is not None:
+            return os.urandom(16).hex()      # uuid4().hex's form (32 hex digits) at a third of its cost
+        if rid in self.system.requests:
             raise DuplicateRequestId(f"Duplicate request ID detected: {rid} (a request with this rid "
                                      f"is already running)")     # SGLang's words: clients match them
         return rid
 
-    def _admit(self, sched: SchedulerActor, is_probe: bool, tokens: int = 0) -> None:
+    def _admit(self, sched: ActorRef, is_probe: bool, tokens: int = 0) -> None:
         """Admission control: refuse (raise `Overloaded`) when `max_queued` requests already
         wait for `sched` (its queue, and submissions still in its mailbox), or when a prompt of
         `tokens` would take the prompt tokens its queue holds past `max_queued_tokens` (an
         empty queue admits any). Probes always pass: health must answer under overload."""
         if is_probe or (self.max_queued is None and self.max_queued_tokens is None):
             return
-        queued = len(sched.lane) + sched.mailbox.statistics().current_size
+        view = self.system.published(sched.name)      # as of its last turn, + what is in its mailbox
+        queued = view.queued + sched.queued
         over = None
         if self.max_queued is not None and queued >= self.max_queued:
             over = (queued, self.max_queued, "")
-        held = sched.lane.tokens
+        held = view.queued_tokens
         if over is None and self.max_queued_tokens is not None and held and held + tokens > self.max_queued_tokens:
             over = (held, self.max_queued_tokens, "tokens")
         if over is None:
@@ -232,14 +232,14 @@ class Runtime(RuntimeReads):
             if over[2]:
                 data["unit"] = over[2]
             self.recorder.input("shed", data=data)
-        per_step = max(1, sched.policy.config.max_num_seqs)
+        per_step = max(1, view.max_num_seqs)
         raise Overloaded(over[0], over[1], max(1, min(30, queued // per_step)), over[2])
 
     def check_priority(self, priority: int | None, target: str | None = None) -> None:
         """vLLM's answer to a priority the scheduler does not honour: a non-zero one under FCFS
         is a 400 (`ParamError` naming ``priority``); 0 and None are the default, always fine."""
-        sched = self.scheduler if target is None else self.pool_schedulers[target]
-        if priority and sched.policy.config.scheduling_policy != "priority":
+        sched = self.sched_ref if target is None else self.pool_refs[target]
+        if priority and self.system.published(sched.name).scheduling_policy != "priority":
             err = ParamError(f"Got priority {priority} but Priority scheduling is not enabled.")
             err.param = "priority"  # type: ignore[attr-defined]
             raise err
@@ -247,7 +247,7 @@ class Runtime(RuntimeReads):
     def admit(self, target: str | None = None) -> None:
         """Admission control up front (raises `Overloaded`): the HTTP layer asks before it
         spends time on a request (chat template, tokenizing) that would be refused anyway."""
-        self._admit(self.scheduler if target is None else self.pool_schedulers[target], False)
+        self._admit(self.sched_ref if target is None else self.pool_refs[target], False)
 
     def _deadline(self, deadline_s: float | None, is_probe: bool) -> float | None:
         """A request may shorten the server's deadline (``request_timeout_s``), never lengthen it."""
@@ -261,8 +261,7 @@ class Runtime(RuntimeReads):
     def _deadline_passed(self, rid: str) -> None:
         """A request's deadline timer fired (an input): abort it like any abort, through the
         control actor (a message: the timer is what the recording replays)."""
-        if self.control_actor.alive:
-            self.control_actor.tell(AbortRequest(rid, reason=DEADLINE_EXCEEDED))
+        self.control_ref.tell_if_alive(AbortRequest(rid, reason=DEADLINE_EXCEEDED))
 
     def _submit(self, actor: RequestActor, seq: Sequence, deadline: float | None = None,
                 lora: str | None = None) -> RequestHandle:
@@ -273,10 +272,11 @@ class Runtime(RuntimeReads):
             actor.queue_deadline = self.max_queue_time
         self.system.spawn(actor, supervisor=None)
         rid = actor.rid
-        actor.stream.rid = rid
-        actor.stream.on_final = self._on_final     # one bound method for all: no closure each
-        actor.scheduler.tell(Submit(rid, seq, actor, lora))
-        return RequestHandle(rid, actor.stream)
+        stream = actor.stream
+        stream.rid = rid
+        stream.on_final = self._on_final     # one bound method for all: no closure each
+        actor.scheduler.tell(Submit(rid, seq, actor.ref, lora))
+        return RequestHandle(rid, stream)
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None, *,
                  rid: str | None = None, is_probe: bool = False, session: str | None = None,
@@ -296,7 +296,7 @@ class Runtime(RuntimeReads):
         is waited for; one not loaded or being unloaded fails the request)."""
         rid = self._rid(rid)
         self.check_priority(priority)
-        self._admit(self.scheduler, is_probe, len(prompt_ids))
+        self._admit(self.sched_ref, is_probe, len(prompt_ids))
         deadline = self._deadline(deadline_s, is_probe)
         sp = sampling or SamplingParams()
         seq = Sequence(rid, prompt_ids, sampling=sp, is_probe=is_probe, arrival=self.clock.now(),
@@ -308,13 +308,13 @@ class Runtime(RuntimeReads):
             self._request_input("generate", seq, sp, "session", session, deadline, response, lora)
         if detokenizer is None and self.new_detokenizer is not None:
             detokenizer = self.new_detokenizer(sp)
-        actor = GenerationActor(rid, scheduler=self.scheduler, prompt_tokens=len(prompt_ids),
+        actor = GenerationActor(rid, scheduler=self.sched_ref, prompt_tokens=len(prompt_ids),
                                 logprobs=sp.logprobs, is_probe=is_probe,
-                                session=None if session is None else (self.sessions, session))
+                                session=None if session is None else (self.sessions_ref, session))
         actor.priority = seq.priority
         if response is not None:
-            actor.on_scheduled = (self.responses, ResponseStarted(response))
-        self.stage.tell(Track(rid, actor, detokenizer))
+            actor.on_scheduled = (self.responses_ref, ResponseStarted(response))
+        self.stage_ref.tell(Track(rid, actor.ref, detokenizer))
         return self._submit(actor, seq, deadline, lora)
 
     async def compile_grammar(self, grammar: tuple[str, str]) -> float:
@@ -335,9 +335,9 @@ class Runtime(RuntimeReads):
     def delivered(self, rid: str) -> None:
         """The client took request `rid`'s final output off its stream: it is done."""
         self._input("delivered", rid)
-        actor = self.system.get(f"req:{rid}")
-        if actor is not None and actor.alive:
-            actor.tell(Delivered(rid))
+        ref = self.system.requests.ref(rid)
+        if ref is not None:
+            ref.tell_if_alive(Delivered(rid))
 
     def session(self, message: Any) -> "asyncio.Future[ControlResult]":
         """Ask the session actor directly (`SessionBegin` when a request joins a session);
@@ -345,10 +345,9 @@ class Runtime(RuntimeReads):
         The responses store's inputs (`ResponseBegin`, `ResponseEnd`: told, `ResponseDelete`,
         `ResponseCancel`) go to the store the same way."""
         self._input("session", op=type(message).__name__, args=fields_of(message))
-        actor = self.responses if isinstance(message, RESPONSE_INPUTS) else self.sessions
+        actor = self.responses_ref if isinstance(message, RESPONSE_INPUTS) else self.sessions_ref
         if isinstance(message, (SessionEnd, ResponseEnd)):
-            if actor.alive:
-                actor.tell(message)
+            actor.tell_if_alive(message)
             done = asyncio.get_running_loop().create_future()
             done.set_result(ControlResult(True))
             return done
@@ -361,7 +360,7 @@ class Runtime(RuntimeReads):
         Its result is what ``pooling.head`` makes of the pooled value (`engine.heads`)."""
         if target is not None and target not in self.pool_schedulers:
             raise KeyError(f"no pooling engine {target!r} is loaded")
-        sched = self.scheduler if target is None else self.pool_schedulers[target]
+        sched = self.sched_ref if target is None else self.pool_refs[target]
         rid = self._rid(rid)
         self._admit(sched, is_probe, len(prompt_ids))
         deadline = self._deadline(deadline_s, is_probe)
@@ -384,7 +383,7 @@ class Runtime(RuntimeReads):
             message = dataclasses.replace(message, session_id=uuid.uuid4().hex)   # recorded below
         recorded = getattr(message, "recorded", None)      # a message too big to record whole
         self._input("control", op=type(message).__name__, args=recorded() if recorded else fields_of(message))
-        return self.control_actor.ask(message)
+        return self.control_ref.ask(message)
 
     def drain(self, reason: str = "drain") -> "asyncio.Future[ControlResult]":
         """``-> draining``: new requests are refused; resolves when no request is left."""
@@ -393,29 +392,23 @@ class Runtime(RuntimeReads):
     def health_done(self, record: str, ok: bool, reason: str) -> None:
         """A /health_generate's probe is over: close its control record."""
         self._input("health_done", record=record, ok=ok, reason=reason)
-        if self.control_actor.alive:
-            self.control_actor.tell(HealthDone(record, ok, reason))
+        self.control_ref.tell_if_alive(HealthDone(record, ok, reason))
 
     async def quiesce(self) -> None:
         await self.system.quiesce()
 
     async def shutdown(self) -> None:
-        """Drain is the server's job; this stops everything at once (pending replies fail)."""
+        """Drain is the server's job; this stops everything at once: the server lifecycle goes
+        to ``stopped``, then every actor gets a `Stop` (`ActorSystem.stop_all`); each one's
+        teardown ends what it holds (a scheduler's and the output stage's requests end
+        ``aborted``, a request still live ends itself), so pending replies fail and no request
+        is left without its end."""
         self._input("shutdown")
-        if self.control_actor.alive:
-            if self.control_actor.server.state is not ServerState.draining:
-                await self.control_actor.ask(ServerEvent("drain", "shutdown"))
-            await self.control_actor.ask(ServerEvent("stop", "shutdown"))
-        self.scheduler.stop()          # aborts what is left, telling each request actor
-        for sched in self.pool_schedulers.values():
-            if sched.alive:
-                sched.stop()
-        await self.system.quiesce()    # the stage hands on the aborts before it stops
-        self.stage.stop()
-        for actor in self.live_actors():   # ended but never delivered: the client is gone
-            if actor.alive:
-                actor.tell(Aborted(actor.rid, "server shutting down"))
-        await self.system.quiesce()
+        ctl = self.control_ref
+        if ctl.alive:
+            if self.snapshot().state != ServerState.draining.name:
+                await ctl.ask(ServerEvent("drain", "shutdown"))
+            await ctl.ask(ServerEvent("stop", "shutdown"))
         await self.system.shutdown()
         if self.recorder is not None and hasattr(self.recorder, "close"):
             self.recorder.close()

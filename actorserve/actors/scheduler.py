@@ -36,14 +36,14 @@ from ..engine.block_manager import BlockManager
 from ..engine.lane import Lane
 from ..engine.priority import make_policy
 from ..messages import (
-    QUEUE_TIMEOUT, Abort, Aborted, BatchWindowClosed, ControlResult, Failed, Forget, OutputsDone,
+    QUEUE_TIMEOUT, AbortRequest, Aborted, BatchWindowClosed, ControlResult, Failed, Forget, OutputsDone,
     PoolOut, PrefillProgress, Progress, ProgressQuery, QueueTimeout, Release, Retracted, Scheduled,
-    StepDone, StepOutputs, Submit, TokenItem,
+    StepDone, StepOutputs, Submit, TokenOut,
 )
 from ..statemachines import SCHEDULER, SchedulerState
-from .actor import Actor, handles
+from .actor import ActorRef, handles
 from .isolation import Isolation, step_failed_or_rerun
-from .scheduler_stats import SchedulerStats, stats_of
+from .scheduler_stats import SchedulerStats, SchedulerView, stats_of, view_of
 from .output import outputs_done
 from .scheduler_control import SchedulerControl
 from .scheduler_memory import SchedulerMemory
@@ -69,7 +69,7 @@ def _answer(o: Any) -> list[Any]:
 class SchedulerActor(SchedulerMemory, SchedulerControl):
     mailbox_capacity = 1 << 16
 
-    def __init__(self, engine: Engine, *, stage: Actor, batch: BatchConfig | None = None,
+    def __init__(self, engine: Engine, *, stage: ActorRef, batch: BatchConfig | None = None,
                  block_manager: BlockManager | None = None, step_in_thread: bool = True,
                  name: str = "scheduler", batch_wait_s: float = 0.0, weight_version: str = "default") -> None:
         super().__init__(name)
@@ -95,7 +95,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         self.queue_timeouts = 0              # requests ended by --max-queue-time
         self.running: list[Any] = []
         self.seqs: dict[str, Any] = {}
-        self.actors: dict[str, Actor] = {}
+        self.actors: dict[str, ActorRef] = {}     # rid -> its request actor's ref
         self.step_id = 0
         self.inflight: dict[str, Any] = {}       # rid -> seq of the step being computed
         self._free_after_step: list[Any] = []
@@ -123,7 +123,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
     # -- admission -----------------------------------------------------------------------------
     @handles(Submit)
     def _submit(self, msg: Submit) -> None:
-        seq, actor = msg.seq, msg.actor
+        seq, actor = msg.seq, msg.ref
         if msg.rid in self.seqs:
             self._end(seq, actor, Failed(msg.rid, f"duplicate request id {msg.rid!r}"))
             return
@@ -152,7 +152,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         (self.probe_lane if seq.is_probe else self.lane).append(seq)
 
     # -- leaving -------------------------------------------------------------------------------
-    def _end(self, seq: Any, actor: Actor | None, msg: Aborted | Failed) -> None:
+    def _end(self, seq: Any, actor: ActorRef | None, msg: Aborted | Failed) -> None:
         """Tell a request it ended. A generation request hears it through the output stage,
         after any token of it the stage still has, with the text its detokenizer held back."""
         if seq.pooling is None and self.stage.alive:
@@ -160,7 +160,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         elif actor is not None and actor.alive:
             actor.tell(msg)
 
-    def _drop(self, rid: str) -> Actor | None:
+    def _drop(self, rid: str) -> ActorRef | None:
         """Forget a request; free its blocks now, or after the in-flight step if it is in it."""
         seq = self.seqs.pop(rid, None)
         actor = self.actors.pop(rid, None)
@@ -189,7 +189,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         if self.state is K.pending and not self.seqs:
             self.fire("empty")
 
-    def _matches(self, msg: Abort) -> list[str]:
+    def _matches(self, msg: AbortRequest) -> list[str]:
         if msg.abort_all:
             return list(self.seqs)
         if msg.lora is not None:       # the requests holding an adapter (an unload that aborts)
@@ -200,8 +200,8 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             return [rid for rid in self.seqs if rid.startswith(msg.rid)]
         return [msg.rid] if msg.rid in self.seqs else []
 
-    @handles(Abort)
-    def _abort(self, msg: Abort) -> list[str]:
+    @handles(AbortRequest)
+    def _abort(self, msg: AbortRequest) -> list[str]:
         """Abort the matching requests; answers their rids."""
         rids = self._matches(msg)
         for rid in rids:
@@ -273,7 +273,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         step = self.step_id
         self.step_version = self.weight_version     # its tokens are this version's (no load mid-step)
         run = self.runner or (self.system.run_in_thread if self.step_in_thread else self.system.run_inline)
-        run(self, self.engine.execute, batch, wrap=lambda res, err: self._returned(step, batch, res, err))
+        run(self.ref, self.engine.execute, batch, wrap=lambda res, err: self._returned(step, batch, res, err))
 
     def _returned(self, step: int, batch: list[Any], res: Any, err: BaseException | None) -> StepDone:
         """The model step came back (on the loop, outside any turn): an input to the actors.
@@ -356,7 +356,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             if done is None:
                 return                      # a re-run is in flight
             batch, outputs, error = done
-        items: list[TokenItem] = []
+        items: list[TokenOut] = []
         if error is not None:
             err = f"model step failed: {type(error).__name__}: {error}"
             for seq, _ in batch:
@@ -419,7 +419,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         if actor is not None and actor.alive:
             actor.tell(message)
 
-    def _routed(self, seq: Any, out: Any, items: list[TokenItem]) -> None:
+    def _routed(self, seq: Any, out: Any, items: list[TokenOut]) -> None:
         """Route a member's output, and a speculating member's further accepted tokens one by
         one while it goes on (a finish among them drops the rest)."""
         spec = (len(seq.draft), len(out.extra)) if seq.draft else None
@@ -437,7 +437,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             if item is not None:
                 items.append(item)
 
-    def _route(self, seq: Any, out: Any, spec: tuple[int, int] | None = None) -> TokenItem | None:
+    def _route(self, seq: Any, out: Any, spec: tuple[int, int] | None = None) -> TokenOut | None:
         """One member's output: pooled values and prefill progress go to the request actor;
         a token goes to the output stage (returned), with the scheduler's own verdict."""
         actor = self.actors[seq.rid]
@@ -462,7 +462,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         reason = self._finish_reason(seq, tok, out.stop)
         if reason is not None:
             self._drop(seq.rid)
-        return TokenItem(seq.rid, tok, out.logprob, out.top_logprobs, reason, out.ids_logprobs,
+        return TokenOut(seq.rid, tok, out.logprob, out.top_logprobs, reason, out.ids_logprobs,
                          out.prompt_logprobs, spec, self.step_version)
 
     def _finish_reason(self, seq: Any, tok: int, grammar_done: bool = False) -> str | None:
@@ -485,6 +485,10 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
     # -- introspection and teardown ------------------------------------------------------------
     def stats(self) -> SchedulerStats:
         return stats_of(self)
+
+    def publish(self) -> SchedulerView:
+        """What the runtime reads of this scheduler (stats, admission, adapters), after each turn."""
+        return view_of(self)
 
     def on_stop(self) -> None:
         self._cancel_window()               # an open batching window no longer owes a step

@@ -46,7 +46,7 @@ import asyncio
 from typing import Any
 
 from ..messages import (
-    Abort, Continue, ControlResult, Flush, GetWeightsByName, LoadWeights, Pause, Paused, Resumed,
+    AbortRequest, Continue, ControlResult, Flush, GetWeightsByName, LoadWeights, Pause, Paused, Resumed,
     Retracted, SetWeightVersion, WeightsApplied, WhenIdle,
 )
 from ..statemachines import PAUSE_MODES, PAUSED_MODE, SCHEDULER, SchedulerState
@@ -74,7 +74,7 @@ class SchedulerControl(SchedulerLora):
     _label_before: str | None = None   # the label to put back if the queued copy fails
     # re-execution's holder of a weight copy (called like `runner`; None: the step thread or inline)
     load_runner: Any = None
-    # and its `_abort(Abort)`, `_tell(rid, message)`, `_cancel_window()`, `_settle()`
+    # and its `_abort(AbortRequest)`, `_tell(rid, message)`, `_cancel_window()`, `_settle()`
 
     def fire(self, event: str) -> None:
         rec = self.system.recorder if self.system is not None else None
@@ -139,7 +139,7 @@ class SchedulerControl(SchedulerLora):
             self.fire("window_closed")
         n = len(self.running)
         if mode == "abort":
-            n = len(self._abort(Abort(abort_all=True)))
+            n = len(self._abort(AbortRequest(abort_all=True)))
         self.fire(f"pause_{mode}")
         if mode == "retract":
             self.pause_retractions += len(self.running)
@@ -225,7 +225,7 @@ class SchedulerControl(SchedulerLora):
             self._label_before = self.weight_version
             self._relabel(msg.weight_version, "load")
         if self.load_runner is not None:
-            self.load_runner(self, apply, msg.tensors, wrap=self._applied)
+            self.load_runner(self.ref, apply, msg.tensors, wrap=self._applied)
         else:
             self.system.pipe(self.system.call_on_step_thread(apply, msg.tensors),
                              self, off_loop=True, wrap=self._applied)

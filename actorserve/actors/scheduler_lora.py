@@ -67,7 +67,7 @@ class SchedulerLora(Actor):
     # owned by SchedulerActor
     engine: Any
     seqs: dict[str, Any]
-    actors: dict[str, Actor]
+    actors: dict[str, Any]    # rid -> ActorRef
     lane: Any
     # re-execution's holder of an adapter's read, called (scheduler, rid, fn, name, path, wrap=...)
     lora_runner: Any = None
@@ -212,7 +212,7 @@ class SchedulerLora(Actor):
             return out
 
         if self.lora_runner is not None:
-            self.lora_runner(self, rid, read, name, path, wrap=wrap)
+            self.lora_runner(self.ref, rid, read, name, path, wrap=wrap)
             return
         fut = self.system.loop.run_in_executor(None, read)
         self.system.pipe(fut, self, off_loop=True, wrap=wrap)

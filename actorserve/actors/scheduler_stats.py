@@ -65,3 +65,25 @@ def stats_of(sched: Any) -> SchedulerStats:
         preempted_by_priority=tuple(sorted(getattr(sched.policy, "preempted", {}).items())),
         lora_requests=tuple(sorted(getattr(sched, "lora_requests", {}).items())),
         loras_loaded=sum(1 for m in getattr(sched, "loras", {}).values() if m.state.name == "ready"))
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerView:
+    """What a scheduler publishes after each turn (`Actor.publish`): all the runtime reads of it."""
+    stats: SchedulerStats
+    queued: int                  # requests in its normal lane (admission control)
+    queued_tokens: int           # their prompt tokens
+    max_num_seqs: int
+    scheduling_policy: str       # fcfs | priority
+    idle: bool                   # no request and no step in flight
+    steps_done: int
+    loras: tuple[dict[str, Any], ...] = ()     # the live LoRA adapters, load order
+    lora_max_loaded: int | None = None         # None: the engine has no adapter slots
+
+
+def view_of(sched: Any) -> SchedulerView:
+    slots = sched.lora_slots
+    return SchedulerView(stats_of(sched), len(sched.lane), sched.lane.tokens,
+                         sched.policy.config.max_num_seqs, sched.policy.config.scheduling_policy, sched.idle, sched.steps_done,
+                         tuple(sched.describe_loras()) if sched.loras else (),
+                         None if slots is None else slots.max_loaded)

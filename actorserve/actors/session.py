@@ -262,3 +262,7 @@ class SessionActor(Actor):
 
     def describe(self) -> dict[str, Any]:
         return {"open": [s.describe() for s in self.sessions.values()], "closed": self.closed}
+
+    def publish(self) -> dict[str, Any]:
+        """What `/server_info` shows of the sessions, taken after each turn."""
+        return self.describe()

@@ -7,8 +7,9 @@ an actor, and a replica could answer the same calls from another process.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from .request import OutputStream
+from .stream import OutputStream
 
 
 class DuplicateRequestId(ValueError):
@@ -27,9 +28,8 @@ class Overloaded(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHandle:
-    """What a caller gets for a request: its id and its output stream (no actor)."""
+class RequestHandle(NamedTuple):
+    """What a caller gets for a request: its id and its output stream (no actor). Immutable."""
     rid: str
     stream: OutputStream
 

@@ -29,8 +29,9 @@ import logging
 from collections import deque
 from typing import Any, Callable, TypeVar
 
-from .actor import Actor, ActorDeadError, Phase
+from .actor import RUNNING, Actor, ActorDeadError, ActorRef, Phase
 from .clock import Clock, LoopClock
+from .registry import RequestRegistry
 
 log = logging.getLogger("actorserve.actors")
 
@@ -58,6 +59,8 @@ class ActorSystem:
         self._links: dict[asyncio.Future[Any], list[Callable[[asyncio.Future[Any]], None]]] = {}
         self._ready: deque[Actor] = deque()      # actors whose turn is due, in order
         self._draining = False                   # a `_run_ready` callback is scheduled
+        self._board: dict[str, Any] = {}         # actor name -> what it published last
+        self.requests = RequestRegistry()        # rid -> the request actor's ref (and its state)
 
     # -- spawning ------------------------------------------------------------------------------
     @property
@@ -74,10 +77,24 @@ class ActorSystem:
         actor.on_start()                 # setup; raising means it never runs
         actor.phase = Phase.running
         self._actors[actor.name] = actor
+        if actor.publishes:
+            self._board[actor.name] = actor.publish()
         return actor
 
     def get(self, name: str) -> Actor | None:
         return self._actors.get(name)
+
+    def ref(self, name: str) -> ActorRef | None:
+        """The ref of the running actor `name` (None: none runs under that name)."""
+        a = self._actors.get(name)
+        return None if a is None else a.ref
+
+    def published(self, name: str) -> Any:
+        """What actor `name` published after its last turn (None: it never did)."""
+        return self._board.get(name)
+
+    def _published(self, actor: Actor) -> None:
+        self._board[actor.name] = actor.publish()
 
     @property
     def actors(self) -> dict[str, Actor]:
@@ -89,8 +106,18 @@ class ActorSystem:
 
     # -- scheduling ----------------------------------------------------------------------------
     def _schedule(self, actor: Actor) -> None:
-        self._inc()
-        self._enqueue_turn(actor)
+        """`actor` has mail and no turn pending: count it busy and queue its turn (the hot path
+        of every message: `_inc` and `_enqueue_turn`, inlined)."""
+        if self._busy == 0:
+            self._idle.clear()
+        self._busy += 1
+        if self.dispatch is not None:
+            self.dispatch(self._run_turn, actor)
+            return
+        self._ready.append(actor)
+        if not self._draining:
+            self._draining = True
+            self.loop.call_soon(self._run_ready)
 
     def _enqueue_turn(self, actor: Actor) -> None:
         if self.dispatch is not None:
@@ -117,18 +144,25 @@ class ActorSystem:
 
     def _run_turn(self, actor: Actor) -> None:
         try:
-            if actor.phase is Phase.running:
+            if actor.phase is RUNNING:
                 actor._turn()
-            if actor.phase is Phase.running and len(actor.mailbox):
-                self._enqueue_turn(actor)
-                return  # still busy: keep the count
+                if actor.mailbox.head is not None and actor.phase is RUNNING:
+                    if actor.publishes:
+                        self._board[actor.name] = actor.publish()
+                    self._enqueue_turn(actor)
+                    return  # still busy: keep the count
             actor._turn_pending = False
-            if actor.phase is Phase.running:
-                actor.on_drained()
+            if actor.phase is RUNNING:
+                if actor.drains:
+                    actor.on_drained()
+                if actor.publishes:
+                    self._board[actor.name] = actor.publish()
         except Exception as exc:  # a hook raised: treat as a failure of the actor
             actor._turn_pending = False
             self.child_failed(actor, None, exc)
-        self._dec()
+        self._busy -= 1
+        if self._busy == 0:
+            self._idle.set()
 
     def _inc(self) -> None:
         if self._busy == 0:
@@ -280,9 +314,22 @@ class ActorSystem:
         while self._busy:
             await self._idle.wait()
 
+    async def stop_all(self) -> None:
+        """Stop every actor the way pykka's registry does: one at a time, in the order they
+        were spawned, each with a `Stop` message behind its mail, waiting until it has stopped
+        and what its teardown told others has been handled. The long-lived actors go first
+        and tell the requests they hold that they end; a request still live after them ends in
+        its own teardown. No caller orders the actors by hand."""
+        for name in list(self._actors):
+            ref = self.ref(name)
+            if ref is not None and ref.alive:
+                await ref.stop()
+                await self.quiesce()
+
     async def shutdown(self) -> None:
-        """Stop every actor (teardown fails their pending replies) and the worker thread."""
-        for actor in list(self._actors.values()):
+        """Stop every actor (`stop_all`) and the worker thread."""
+        await self.stop_all()
+        for actor in list(self._actors.values()):   # anything spawned meanwhile
             actor.stop()
         if self._executor is not None and self._own_executor:
             self._executor.shutdown(wait=False, cancel_futures=True)

@@ -20,12 +20,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..messages import HealthVerdict, Progress, ProgressQuery, WatchdogReport, WatchdogTick
-from .actor import Actor, handles
+from .actor import Actor, ActorRef, handles
 from .clock import Timer
 
 
 class WatchdogActor(Actor):
-    def __init__(self, scheduler: Actor, control: Actor, *, timeout: float,
+    def __init__(self, scheduler: ActorRef, control: ActorRef, *, timeout: float,
                  interval: float | None = None, name: str = "watchdog") -> None:
         super().__init__(name)
         if timeout <= 0:

@@ -51,7 +51,8 @@ class WeightsModel:
 class WeightsControl(Actor):
     # owned by ControlActor
     weights: WeightsModel
-    scheduler: Actor
+    scheduler: Any          # the generation scheduler's ActorRef
+    engine: Any
     server: Any
     open: dict[str, Any]
     # re-execution's holder of an update's read, called (rid, msg, wrap); None: a worker thread
@@ -107,7 +108,7 @@ class WeightsControl(Actor):
         """Phase one: read and check the folder (or the sent tensors) on a worker thread (not
         the step thread: steps go on meanwhile); the outcome comes back as `WeightsRead`."""
         assert self.system is not None
-        engine, rid = self.scheduler.engine, rec.rid
+        engine, rid = self.engine, rec.rid
 
         def read() -> tuple[Any, float]:
             t0 = time.perf_counter()

@@ -58,7 +58,7 @@ def build_app(runtime: Runtime, tokenizer: TextTokenizer, config: ServerConfig, 
                                        auth_middleware(config.api_key, open_paths(config))])
     app.on_response_prepare.append(_echo_request_id)
     ctx = ServerContext(runtime=runtime, tokenizer=tokenizer, config=config, served_name=served_name,
-                        created=int(time.time()), background=BackgroundRuns(runtime.responses.capacity))
+                        created=int(time.time()), background=BackgroundRuns(runtime.responses_capacity))
     ctx.metrics = Metrics(runtime.stats, runtime.snapshot, runtime.pool_stats, model_name=served_name,
                           scheme=config.metrics_names,
                           pool_names={t: pm.name for t, pm in (pool_models or {}).items()})

@@ -119,7 +119,7 @@ async def wake_up(request: web.Request) -> web.Response:
     res = await runtime.control(ResumeMemory(tuple(tags) or None, ctx.extra.get("model_path")))
     if not res.ok:
         raise APIError(400, res.message or "rejected", code="rejected", param="tags")
-    if not runtime.control_actor.memory_out and ctx.extra.pop(SLEEP_PAUSED, False):
+    if not runtime.memory_out and ctx.extra.pop(SLEEP_PAUSED, False):
         cont = await runtime.control(ContinueGeneration())
         if not cont.ok:
             raise APIError(400, f"awake, but not continued: {cont.message}", code="rejected")
@@ -127,7 +127,7 @@ async def wake_up(request: web.Request) -> web.Response:
 
 
 async def is_sleeping(request: web.Request) -> web.Response:
-    return web.json_response({"is_sleeping": request.app[CTX].runtime.control_actor.memory_out})
+    return web.json_response({"is_sleeping": request.app[CTX].runtime.memory_out})
 
 
 ROUTES = [

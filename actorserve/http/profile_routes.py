@@ -97,8 +97,7 @@ class Profile:
                         "; ".join(f"{a} ({why})" for a, why in self.skipped.items()))
         self.with_stack, self.record_shapes = body.with_stack, body.record_shapes
         self.by_stage = bool(body.profile_by_stage)
-        self.scheds = {s.name: s for s in (rt.scheduler, *rt.pool_schedulers.values())}
-        self.main = rt.scheduler.name
+        self.rt = rt
         self.plan = StepPlan(
             start_step=body.start_step or 0, num_steps=body.num_steps,
             stages=list(dict.fromkeys(body.profile_stages or STAGES)) if self.by_stage else None,
@@ -142,14 +141,9 @@ class Profile:
             log.exception("profile %s: a step event could not be handled", self.name)
 
     def _stage(self, d: dict[str, Any]) -> str:
-        sched = self.scheds.get(d.get("sched", ""))
-        if sched is None or sched.name != self.main:
+        members = self.rt.step_members(d.get("sched", ""), d.get("batch", ()))
+        if members is None:
             return "prefill"            # a pooling model's forward: an encoder extend
-        members = []
-        for m in d.get("batch", ()):
-            seq = sched.inflight.get(m[0]) or sched.seqs.get(m[0])
-            members.append((int(m[1]), len(seq.output_ids) if seq is not None else 1,
-                            seq is not None and seq.pooling is not None))
         return step_stage(members)
 
     # -- the files ------------------------------------------------------------------------------
@@ -188,8 +182,8 @@ def _lock(ctx: ServerContext) -> asyncio.Lock:
 def _on_step_thread(ctx: ServerContext, fn: Any) -> "asyncio.Future[Any]":
     """Run `fn` where the model steps run: their worker thread (queued behind the steps already
     handed to it), or now, on the loop (steps run inline); its outcome in a future."""
-    if ctx.runtime.scheduler.step_in_thread:
-        return ctx.runtime.system.call_on_step_thread(fn)
+    if ctx.runtime.steps_in_thread:
+        return ctx.runtime.call_on_step_thread(fn)
     fut = asyncio.get_running_loop().create_future()
     try:
         fut.set_result(fn())

@@ -69,7 +69,7 @@ from .tools import ToolPlan, plan_tools
 def _previous(ctx: ServerContext, body: ResponsesRequest) -> dict[str, Any] | None:
     if body.previous_response_id is None:
         return None
-    entry = ctx.runtime.responses.get(body.previous_response_id)
+    entry = ctx.runtime.response(body.previous_response_id)
     if entry is None:
         raise APIError(400, f"previous response {body.previous_response_id!r} not found: it was never "
                             "stored (store: false), or it was deleted or evicted",
@@ -314,7 +314,7 @@ class _Run:
 def _stored(request: web.Request) -> Any:
     ctx = request.app[CTX]
     rid = request.match_info["response_id"]
-    entry = ctx.runtime.responses.get(rid)
+    entry = ctx.runtime.response(rid)
     if entry is None:
         raise APIError(404, f"response {rid!r} not found", code="response_not_found", param="response_id")
     return entry

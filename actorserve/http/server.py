@@ -159,7 +159,7 @@ async def serve_async(config: ServerConfig, *, built: Built | None = None,
         trimmer = None
         if config.scheduler.trim_at_rest_s > 0:
             from ..actors.rest import RestTrimmer
-            trimmer = RestTrimmer(runtime.scheduler, runtime.system, interval=config.scheduler.trim_at_rest_s)
+            trimmer = RestTrimmer(runtime.scheduler_probe(), runtime, interval=config.scheduler.trim_at_rest_s)
             trimmer.start()
         await stop.wait()
         if trimmer is not None:

@@ -222,12 +222,11 @@ class _Driver:
         self.rt = Runtime(self.engine, config=cfg, clock=self.clock, recorder=self.rec,
                           pooling_engines=pooling, weight_version=setup.get("weight_version", "default"))
         if policy is not None:
-            self.rt.scheduler.policy = policy
+            self.rt.take_over(policy=policy)
         self.queue: deque[tuple[Any, Any]] = deque()
         self.rt.system.dispatch = lambda fn, actor: self.queue.append((fn, actor))
         self.pending: dict[str, tuple[Any, Any, list[Any], Any]] = {}
-        for s in [self.rt.scheduler, *self.rt.pool_schedulers.values()]:
-            s.runner = self._hold
+        self.rt.take_over(steps=self._hold)
         self.report = ReexecReport(inputs=len(self.inputs))
         self.weights = WeightsPlayback(self, self.inputs, RecordingError)
         self.loras = LoraPlayback(self, setup, RecordingError)      # adapters: reloaded where they were

@@ -29,7 +29,7 @@ class LoraPlayback:
             return
         from ..engine.fake_lora import FakeLoraSlots
         driver.engine.lora = FakeLoraSlots(int(lora["max_loaded"]), max_rank=int(lora.get("max_rank", 64)))
-        driver.rt.scheduler.lora_runner = self._hold
+        driver.rt.take_over(lora_reads=self._hold)
 
     def _hold(self, target: Any, rid: str, read: Any, name: str, path: str, *, wrap: Any) -> None:
         self.reads[rid] = (target, read, name, path, wrap)

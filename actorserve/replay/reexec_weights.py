@@ -55,10 +55,9 @@ class WeightsPlayback:
             raise error(f"seq {ops[0].seq}: a weight update recorded before its read was an input "
                         "(an older recording): where its outcome came back is unknown, so it cannot "
                         "be placed; re-execute a recording made by this version")
-        ctl = driver.rt.control_actor
-        ctl.weights_reader = self._hold_read
+        driver.rt.take_over(weight_reads=self._hold_read)
         if any(e.event == "weights_applied" for e in inputs):    # the live copy ran on the step thread
-            driver.rt.scheduler.load_runner = self._hold_load
+            driver.rt.take_over(loads=self._hold_load)
 
     # -- the control input ---------------------------------------------------------------------
     def message(self, e: Event, op: str, args: dict[str, Any]) -> Any:
@@ -86,7 +85,7 @@ class WeightsPlayback:
                 return False
             msg, wrap = held
             out = self._read(e, msg, d, wrap)
-            target = self.driver.rt.control_actor
+            target = self.driver.rt.control_ref
         else:
             held = self.loads.pop(d.get("sched", "scheduler"), None)
             if held is None:

@@ -10,7 +10,9 @@ object feeds three consumers, so they cannot drift apart:
 
 How the machine is used (measured: ~3-7 us per transition, 4-40x less than the
 alternatives): one `Machine(model=None, auto_transitions=False)` per kind, built once;
-an event is fired with `machine.events[name].trigger(model)`. No per-request
+an event is fired with `machine.events[name].trigger(model)`. Where the first row for a
+(state, event) has no condition it always wins, so `fire` applies it from a table compiled
+from the same rows (`_direct`, <1 us) and only conditional rows go through the machine. No per-request
 `add_model`, no `GraphMachine`, no `AsyncMachine`. The model is any object with a
 `state` attribute; only the machine writes it.
 
@@ -107,6 +109,7 @@ class Lifecycle:
     machine: Machine = field(init=False, repr=False, compare=False)
     definition_hash: str = field(init=False, compare=False)
     _events: dict = field(init=False, repr=False, compare=False)
+    _direct: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for edge in self.edges:
@@ -135,6 +138,14 @@ class Lifecycle:
         )
         object.__setattr__(self, "machine", machine)
         object.__setattr__(self, "_events", dict(machine.events))
+        # (state, event) -> dest where the first row for them has no condition: that row always
+        # wins, so `fire` writes its dest without the machine's dispatch (the same table; ~4x
+        # cheaper per transition). Rows with a condition go through the machine.
+        direct: dict[tuple[enum.Enum, str], enum.Enum | None] = {}
+        for edge in self.edges:
+            for src in edge.sources:
+                direct.setdefault((src, edge.event), None if edge.condition else edge.dest)
+        object.__setattr__(self, "_direct", {k: v for k, v in direct.items() if v is not None})
         object.__setattr__(self, "definition_hash", _definition_hash(self))
 
     # -- queries -----------------------------------------------------------------------------
@@ -169,6 +180,12 @@ class Lifecycle:
         The observer sees the attempt either way, so a rejected event is on the record.
         """
         src = model.state
+        dst = self._direct.get((src, event))
+        if dst is not None:
+            model.state = dst
+            if observer is not None:
+                observer.transition(self, model, event, src, dst, None, cause)
+            return dst
         ev = self._events.get(event)
         if ev is None:
             err = UnknownEvent(f"{self.name}: unknown event {event!r}")
