@@ -146,8 +146,8 @@ ACCEPTED = [
     (POOLING, "schedule retract schedule forward_done abort", {}, "aborted"),
     (CONTROL, "wait apply", {}, "applied"),
     (CONTROL, "reject", {}, "rejected"),
-    (SERVER, "ready pause_retract resume pause_in_place drain stop", {}, "stopped"),
-    (SERVER, "ready pause_abort drain", {}, "draining"),
+    (SERVER, "ready drain stop", {}, "stopped"),
+    (SERVER, "ready drain", {}, "draining"),
     (HEALTH, "stall recover stall", {}, "unhealthy"),
     (SESSION, "defer_close close", {}, "closed"),
     (SESSION, "expire", {}, "closed"),
@@ -170,8 +170,7 @@ REFUSED = [
     (GENERATION, "schedule first_token retract schedule", "schedule"),   # requeue first
     (POOLING, "schedule deliver", "deliver"),
     (CONTROL, "wait wait", "wait"),
-    (SERVER, "pause_abort", "pause_abort"),                 # not before serving
-    (SERVER, "ready pause_abort pause_retract", "pause_retract"),   # continue first
+    (SERVER, "drain stop ready", "ready"),                  # stopped is terminal
     (SERVER, "ready drain ready", "ready"),
     (HEALTH, "recover", "recover"),
     (SCHEDULER, "admit step step", "step"),                 # one step at a time
@@ -202,15 +201,16 @@ def test_a_story_the_semantics_forbid_is_refused_at_the_right_event(lc, story, r
     assert err.value.event == refused and s.state is before
 
 
-def test_pause_modes_are_states_of_the_server_and_the_scheduler():
+def test_pause_modes_are_states_of_the_scheduler_only():
+    """Pause lives in one machine: the server's run phase has no copy of it."""
     from actorserve.statemachines import PAUSE_MODES, PAUSED_MODE
-    for lc in (SERVER, SCHEDULER):
-        for mode in PAUSE_MODES:
-            s = subject(lc)
-            for ev in (["ready"] if lc is SERVER else []) + [f"pause_{mode}"]:
-                lc.fire(s, ev)
-            assert PAUSED_MODE[s.state] == mode
-    assert {PAUSED_MODE.get(s) for s in SERVER.states} == {None, *PAUSE_MODES}
+    for mode in PAUSE_MODES:
+        s = subject(SCHEDULER)
+        SCHEDULER.fire(s, f"pause_{mode}")
+        assert PAUSED_MODE[s.state] == mode
+    assert {PAUSED_MODE.get(s) for s in SCHEDULER.states} == {None, *PAUSE_MODES}
+    assert not any(s in PAUSED_MODE for s in SERVER.states)
+    assert not any(e.startswith("pause") or e == "resume" for e in SERVER.events)
 
 
 # -- the definition hash --------------------------------------------------------------------------

@@ -151,6 +151,13 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             return                     # parked until its adapter's load is over
         (self.probe_lane if seq.is_probe else self.lane).append(seq)
 
+    def _requeue(self, seqs: Any) -> None:
+        """Put retracted requests back at the front of their own lane (a probe in the probe
+        lane), in order: the first of `seqs` ends up first."""
+        seqs = list(seqs)
+        self.lane.extendleft(reversed([s for s in seqs if not s.is_probe]))
+        self.probe_lane.extendleft(reversed([s for s in seqs if s.is_probe]))
+
     # -- leaving -------------------------------------------------------------------------------
     def _end(self, seq: Any, actor: Actor | None, msg: Aborted | Failed) -> None:
         """Tell a request it ended. A generation request hears it through the output stage,
@@ -246,8 +253,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
                 if rec is not None:           # why: the cause, and the priority it had
                     rec.note("sched", "retract", rid=seq.rid, data={"cause": cause, "priority": seq.priority})
                 self._tell(seq.rid, Retracted(seq.rid, cause))
-            self.lane.extendleft([s for s in plan.retracted if not s.is_probe])
-            self.probe_lane.extendleft([s for s in plan.retracted if s.is_probe])
+            self._requeue(reversed(plan.retracted))
         for seq, cached in plan.admitted:
             seq.admitted = True
             self._tell(seq.rid, Scheduled(seq.rid, cached))

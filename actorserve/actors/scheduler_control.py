@@ -146,7 +146,7 @@ class SchedulerControl(SchedulerLora):
             for seq in self.running:
                 self.bm.free(seq)
                 self._tell(seq.rid, Retracted(seq.rid, "pause"))
-            self.lane.extendleft(reversed(self.running))
+            self._requeue(self.running)        # a probe back to the probe lane, the rest to theirs
             self.running.clear()
         elif mode == "in_place":  # a pooling forward has no paused state: it just is not stepped
             for seq in self.running:

@@ -8,7 +8,8 @@ Requests do not all walk the generate path. After one shared entry they fork:
 
 and the long-lived actors have theirs:
 
-* server      ``starting -> serving <-> paused_{abort,retract,in_place} -> draining -> stopped``;
+* server      ``starting -> serving -> draining -> stopped`` (its run phase; whether generation is
+              paused is the scheduler's machine alone, never a copy here);
 * health      ``healthy <-> unhealthy``: the server's second, orthogonal region (the watchdog's
               verdict), so a server can be unhealthy while paused, draining or serving;
 * scheduler   ``idle -> pending -> [windowing ->] stepping -> ...``, ``pausing`` while a pause waits
@@ -73,9 +74,6 @@ class ControlState(enum.Enum):
 class ServerState(enum.Enum):
     starting = "starting"
     serving = "serving"
-    paused_abort = "paused_abort"
-    paused_retract = "paused_retract"
-    paused_in_place = "paused_in_place"
     draining = "draining"
     stopped = "stopped"
 
@@ -98,11 +96,8 @@ class SchedulerState(enum.Enum):
 
 
 PAUSE_MODES = ("abort", "retract", "in_place")
-#: the pause mode a paused state stands for (server and scheduler alike)
-PAUSED_MODE: dict[enum.Enum, str] = {
-    **{ServerState[f"paused_{m}"]: m for m in PAUSE_MODES},
-    **{SchedulerState[f"paused_{m}"]: m for m in PAUSE_MODES},
-}
+#: the pause mode a paused state stands for: pause lives in the SCHEDULER machine only
+PAUSED_MODE: dict[enum.Enum, str] = {SchedulerState[f"paused_{m}"]: m for m in PAUSE_MODES}
 
 
 class SessionState(enum.Enum):
@@ -197,7 +192,6 @@ CONTROL = Lifecycle(
 )
 
 S = ServerState
-_S_PAUSED = (S.paused_abort, S.paused_retract, S.paused_in_place)
 
 SERVER = Lifecycle(
     name="server",
@@ -206,14 +200,11 @@ SERVER = Lifecycle(
     terminal=frozenset({S.stopped}),
     edges=(
         Edge("ready", (S.starting,), S.serving),
-        Edge("pause_abort", (S.serving,), S.paused_abort),
-        Edge("pause_retract", (S.serving,), S.paused_retract),
-        Edge("pause_in_place", (S.serving,), S.paused_in_place),
-        Edge("resume", _S_PAUSED, S.serving),
-        Edge("drain", (S.starting, S.serving, *_S_PAUSED), S.draining),
+        Edge("drain", (S.starting, S.serving), S.draining),
         Edge("stop", (S.starting, S.draining), S.stopped),
     ),
-    doc="The whole server's run phase; its health is the orthogonal `health` lifecycle.",
+    doc="The whole server's run phase; its health is the orthogonal `health` lifecycle, and "
+        "whether generation is paused is the scheduler's (paused_<mode>), not a copy here.",
 )
 
 H = HealthState

@@ -1,0 +1,89 @@
+"""Pause lives in one machine (the scheduler's): what `/is_paused` says while the server drains,
+a probe retracted by a pause goes back to the probe lane, and old recordings (the server's
+own paused states) still check."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actorserve.engine.batching import BatchConfig
+from actorserve.engine.params import SamplingParams
+from actorserve.messages import ContinueGeneration, PauseGeneration
+from actorserve.replay.check import check
+from actorserve.replay.recorder import Event
+
+from http_support import load_tiny, serve
+from runtime_helpers import assert_nothing_held, make_runtime
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_tiny()
+
+
+async def test_a_draining_server_whose_scheduler_is_paused_in_place_says_it_is_paused(tiny):
+    """Before, the server's own copy of the pause left ``paused_in_place`` for ``draining`` while
+    the scheduler stayed paused: `/is_paused` said false, and nothing stepped."""
+    async with serve(tiny) as (http, rt):
+        gen = asyncio.ensure_future(http.post("/generate", json={
+            "text": "hi", "rid": "held", "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}))
+        for _ in range(2000):
+            if rt.request_info("held") is not None:
+                break
+            await asyncio.sleep(0.005)
+        assert (await rt.control(PauseGeneration("in_place"))).ok
+        drained = rt.drain("test")
+        await rt.quiesce()
+        st = await (await http.get("/is_paused")).json()
+        assert st == {"is_paused": True, "mode": "in_place", "server_state": "draining"}
+        assert rt.scheduler.state.name == "paused_in_place" and not drained.done()
+        info = await (await http.get("/server_info")).json()
+        assert info["pause_mode"] == "in_place" and info["server_state"] == "draining"
+        assert (await rt.control(ContinueGeneration())).ok          # a draining server may continue
+        out = await (await gen).json()
+        assert out["meta_info"]["finish_reason"]["type"] == "length"
+        assert (await drained).ok
+        st = await (await http.get("/is_paused")).json()
+        assert st == {"is_paused": False, "mode": None, "server_state": "draining"}
+        assert not (await rt.control(PauseGeneration("retract"))).ok   # not while draining
+
+
+async def test_a_probe_retracted_by_a_pause_goes_back_to_the_probe_lane():
+    rt, engine, rec, _ = await make_runtime(batch=BatchConfig(max_num_seqs=2))
+    probe = rt.generate([9, 8], SamplingParams(max_new_tokens=30, ignore_eos=True), is_probe=True)
+    first = rt.generate([1, 2], SamplingParams(max_new_tokens=30, ignore_eos=True))
+    sched = rt.scheduler
+    while len(sched.running) < 2:          # both admitted (a step runs per few loop turns)
+        await asyncio.sleep(0)
+    assert {s.rid for s in sched.running} == {probe.rid, first.rid}
+    assert (await rt.control(PauseGeneration("retract"))).ok     # at the next step boundary
+    await rt.quiesce()
+    assert [s.rid for s in sched.probe_lane] == [probe.rid]      # not behind the business traffic
+    assert [s.rid for s in sched.lane] == [first.rid]
+    late = rt.generate([3, 4], SamplingParams(max_new_tokens=2, ignore_eos=True))
+    await rt.quiesce()
+    assert [s.rid for s in sched.lane] == [first.rid, late.rid]
+    assert (await rt.control(ContinueGeneration())).ok
+    for h in (probe, first, late):
+        assert (await h.stream.final()).finish_reason == "length"
+    await rt.quiesce()
+    assert check(rec.events()).ok
+    assert_nothing_held(rt)
+    await rt.shutdown()
+
+
+def _ev(seq: int, event: str, src: str | None, dst: str | None) -> Event:
+    return Event(seq, seq, "server", "server", event, src, dst, True, None, None, None, None)
+
+
+def test_a_recording_with_the_servers_old_paused_states_still_checks():
+    old = [_ev(1, "create", None, "starting"), _ev(2, "ready", "starting", "serving"),
+           _ev(3, "pause_in_place", "serving", "paused_in_place"),
+           _ev(4, "resume", "paused_in_place", "serving"),
+           _ev(5, "pause_retract", "serving", "paused_retract"),
+           _ev(6, "drain", "paused_retract", "draining"), _ev(7, "stop", "draining", "stopped")]
+    assert check(old).ok
+    broken = old[:5] + [_ev(6, "ready", "paused_retract", "serving")]   # still a divergence
+    assert [v.kind for v in check(broken).violations] == ["divergence"]
