@@ -156,9 +156,11 @@ ACCEPTED = [
     # a pause mid-step waits for the boundary, then applies
     (SCHEDULER, "admit window window_closed step defer_pause step_done pause_retract resume", {}, "pending"),
     (SCHEDULER, "admit step defer_pause cancel_pause step_done empty", {}, "idle"),
-    # a failed step is isolated (re-runs in halves) without leaving its step
-    (SCHEDULER, "admit step isolate isolate step_done", {}, "pending"),
-    (SCHEDULER, "admit step defer_pause isolate step_done pause_abort", {}, "paused_abort"),
+    # a failed step is isolated (its members re-run in halves), then its outputs go on as a step's
+    (SCHEDULER, "admit step isolate isolated step_done", {}, "pending"),
+    (SCHEDULER, "admit step defer_pause isolate isolated step_done pause_abort", {}, "paused_abort"),
+    # a pause that arrives while isolating waits for the step, and can be cancelled there
+    (SCHEDULER, "admit step isolate defer_pause cancel_pause defer_pause isolated", {}, "pausing"),
     (SCHEDULER, "admit empty pause_in_place resume empty", {}, "idle"),
     (SCHEDULER, "admit window window_closed pause_abort stop", {}, "stopped"),
 ]
@@ -178,6 +180,8 @@ REFUSED = [
     (SCHEDULER, "admit window pause_abort", "pause_abort"),   # the window closes first
     (SCHEDULER, "admit step empty", "empty"),               # a step's requests are not gone
     (SCHEDULER, "admit isolate", "isolate"),                # only a step in flight is isolated
+    (SCHEDULER, "admit step isolate isolate", "isolate"),   # one isolation at a time
+    (SCHEDULER, "admit step isolate step_done", "step_done"),   # the culprits are known first
     (SCHEDULER, "admit pause_in_place pause_abort", "pause_abort"),
     (SESSION, "close defer_close", "defer_close"),
 ]

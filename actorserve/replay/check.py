@@ -37,7 +37,9 @@ copy of the pause: ``serving -> paused_<mode>`` (``pause_<mode>``), ``paused_<mo
 and the server stays ``serving`` (or ``draining``) while its scheduler is paused. A recording
 from before is read through `legacy`: those server pause/resume transitions are skipped (the
 same recording holds the scheduler's, which carry the pause) and a server ``paused_<mode>`` is
-read as ``serving``.
+read as ``serving``. Its failed steps' isolations were a self-loop (``isolate``, ``stepping ->
+stepping``); they are the ``isolating`` state now (left by ``isolated``), and an old self-loop
+is skipped.
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ _OLD_SERVER_PAUSED = ("paused_abort", "paused_retract", "paused_in_place")
 def legacy(ev: Event) -> Event | None:
     """An event of a recording made before a rename, as today's machines name it (None: it has
     no counterpart today and is skipped). See the module docstring."""
+    if ev.kind == "scheduler" and ev.event == "isolate" and ev.src == ev.dst:
+        return None
     if ev.kind != "server" or not (ev.src in _OLD_SERVER_PAUSED or ev.dst in _OLD_SERVER_PAUSED):
         return ev
     if ev.event.startswith("pause_") or ev.event == "resume":

@@ -107,6 +107,7 @@ class Lifecycle:
     machine: Machine = field(init=False, repr=False, compare=False)
     definition_hash: str = field(init=False, compare=False)
     _events: dict = field(init=False, repr=False, compare=False)
+    _rows: frozenset = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for edge in self.edges:
@@ -135,6 +136,7 @@ class Lifecycle:
         )
         object.__setattr__(self, "machine", machine)
         object.__setattr__(self, "_events", dict(machine.events))
+        object.__setattr__(self, "_rows", frozenset((src, e.event) for e in self.edges for src in e.sources))
         object.__setattr__(self, "definition_hash", _definition_hash(self))
 
     # -- queries -----------------------------------------------------------------------------
@@ -148,6 +150,12 @@ class Lifecycle:
     def allowed(self, state: enum.Enum) -> tuple[str, ...]:
         """Events that have at least one row leaving `state` (conditions not evaluated)."""
         return tuple(dict.fromkeys(e.event for e in self.edges if state in e.sources))
+
+    def can(self, state: enum.Enum, event: str) -> bool:
+        """Whether the table has a row for `event` leaving `state` (conditions not evaluated).
+        A handler asks this instead of repeating the table's sources in an ``if state is ...``
+        guard, so the guard is the diagram's edge."""
+        return (state, event) in self._rows
 
     def targets(self, event: str, state: enum.Enum) -> tuple[enum.Enum, ...]:
         """Possible destinations of `event` from `state`, in table order."""

@@ -89,6 +89,8 @@ class SchedulerState(enum.Enum):
     windowing = "windowing"
     stepping = "stepping"
     pausing = "pausing"
+    isolating = "isolating"
+    isolating_pausing = "isolating_pausing"
     paused_abort = "paused_abort"
     paused_retract = "paused_retract"
     paused_in_place = "paused_in_place"
@@ -224,6 +226,8 @@ HEALTH = Lifecycle(
 K = SchedulerState
 _K_PAUSED = (K.paused_abort, K.paused_retract, K.paused_in_place)
 _K_OPEN = (K.idle, K.pending)     # no step in flight, no window open, not paused
+#: a model step (or an isolation's re-run) is in flight: the KV it reads must stay put
+STEP_IN_FLIGHT = frozenset({K.stepping, K.pausing, K.isolating, K.isolating_pausing})
 
 SCHEDULER = Lifecycle(
     name="scheduler",
@@ -237,10 +241,16 @@ SCHEDULER = Lifecycle(
         Edge("window_closed", (K.windowing,), K.pending),
         Edge("step", (K.pending,), K.stepping),
         Edge("step_done", (K.stepping, K.pausing), K.pending),
-        Edge("isolate", (K.stepping,), K.stepping),      # a failed step's members re-run in halves
-        Edge("isolate", (K.pausing,), K.pausing),
+        # a failed step's members re-run in halves until the culprits are known (isolation.py);
+        # a pause that arrives meanwhile waits as it does for a step
+        Edge("isolate", (K.stepping,), K.isolating),
+        Edge("isolate", (K.pausing,), K.isolating_pausing),
+        Edge("isolated", (K.isolating,), K.stepping),
+        Edge("isolated", (K.isolating_pausing,), K.pausing),
         Edge("defer_pause", (K.stepping,), K.pausing),
+        Edge("defer_pause", (K.isolating,), K.isolating_pausing),
         Edge("cancel_pause", (K.pausing,), K.stepping),
+        Edge("cancel_pause", (K.isolating_pausing,), K.isolating),
         Edge("drain_step", (K.pending,), K.pausing),     # pause(wait): a step of running requests only
         Edge("pause_abort", _K_OPEN, K.paused_abort),
         Edge("pause_retract", _K_OPEN, K.paused_retract),
@@ -248,10 +258,11 @@ SCHEDULER = Lifecycle(
         Edge("resume", _K_PAUSED, K.pending),
         Edge("stop", tuple(s for s in K if s is not K.stopped), K.stopped),
     ),
-    doc="A scheduler actor: stepping spans a model step and its output stage; a pause that "
-        "arrives mid-step waits in pausing for the step boundary (a wait pause steps the running "
-        "requests there, admitting none, until none is left); pending with no request "
-        "left is idle.",
+    doc="A scheduler actor: stepping spans a model step and its output stage; a failed step "
+        "of several members is isolating while its members re-run in halves; a pause that "
+        "arrives mid-step waits in pausing (isolating_pausing) for the step boundary (a wait "
+        "pause steps the running requests there, admitting none, until none is left); pending "
+        "with no request left is idle.",
 )
 
 SS = SessionState

@@ -1,6 +1,7 @@
-"""Pause lives in one machine (the scheduler's): what `/is_paused` says while the server drains,
-a probe retracted by a pause goes back to the probe lane, and old recordings (the server's
-own paused states) still check."""
+"""The scheduler's machines: pause lives in one machine (the scheduler's), so `/is_paused` is
+right while the server drains; a probe retracted by a pause goes back to the probe lane;
+isolation is a state; old recordings (the server's own paused states, isolation as a
+self-loop) still check."""
 
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ async def test_a_probe_retracted_by_a_pause_goes_back_to_the_probe_lane():
     await rt.shutdown()
 
 
-def _ev(seq: int, event: str, src: str | None, dst: str | None) -> Event:
-    return Event(seq, seq, "server", "server", event, src, dst, True, None, None, None, None)
+def _ev(seq: int, event: str, src: str | None, dst: str | None, kind: str = "server") -> Event:
+    return Event(seq, seq, kind, kind, event, src, dst, True, None, None, None, None)
 
 
 def test_a_recording_with_the_servers_old_paused_states_still_checks():
@@ -87,3 +88,13 @@ def test_a_recording_with_the_servers_old_paused_states_still_checks():
     assert check(old).ok
     broken = old[:5] + [_ev(6, "ready", "paused_retract", "serving")]   # still a divergence
     assert [v.kind for v in check(broken).violations] == ["divergence"]
+
+
+def test_a_recording_with_isolation_as_a_self_loop_still_checks():
+    old = [_ev(1, "create", None, "idle", "scheduler"), _ev(2, "admit", "idle", "pending", "scheduler"),
+           _ev(3, "step", "pending", "stepping", "scheduler"),
+           _ev(4, "isolate", "stepping", "stepping", "scheduler"),
+           _ev(5, "defer_pause", "stepping", "pausing", "scheduler"),
+           _ev(6, "isolate", "pausing", "pausing", "scheduler"),
+           _ev(7, "step_done", "pausing", "pending", "scheduler")]
+    assert check(old).ok
