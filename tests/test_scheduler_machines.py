@@ -98,3 +98,13 @@ def test_a_recording_with_isolation_as_a_self_loop_still_checks():
            _ev(6, "isolate", "pausing", "pausing", "scheduler"),
            _ev(7, "step_done", "pausing", "pending", "scheduler")]
     assert check(old).ok
+
+
+def test_a_recording_with_the_old_retracted_state_still_checks():
+    def g(seq, event, src, dst):
+        return Event(seq, seq, "r1", "generation", event, src, dst, True, None, None, None, None)
+    old = [g(1, "create", None, "queued"), g(2, "schedule", "queued", "prefill"),
+           g(3, "retract", "prefill", "retracted"), g(4, "requeue", "retracted", "queued"),
+           g(5, "schedule", "queued", "prefill"), g(6, "first_token", "prefill", "decode"),
+           g(7, "finish", "decode", "detok"), g(8, "deliver", "detok", "done")]
+    assert check(old).ok

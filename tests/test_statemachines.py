@@ -137,8 +137,8 @@ ACCEPTED = [
     (GENERATION, "schedule first_token pause resume_decode finish deliver", {}, "done"),
     (GENERATION, "schedule prefill_chunk pause resume_prefill first_token", {}, "decode"),
     # retract frees the KV: the request is recomputed from the queue
-    (GENERATION, "schedule first_token retract requeue schedule first_token", {}, "decode"),
-    (GENERATION, "schedule first_token pause retract requeue", {}, "queued"),
+    (GENERATION, "schedule first_token retract schedule first_token", {}, "decode"),
+    (GENERATION, "schedule first_token pause retract", {}, "queued"),
     # a client that leaves while its final text waits aborts a request in detok
     (GENERATION, "schedule first_token finish abort", {}, "aborted"),
     (GENERATION, "fail", {}, "failed"),
@@ -169,7 +169,7 @@ REFUSED = [
     (GENERATION, "schedule finish", "finish"),              # no token yet: decode comes first
     (GENERATION, "schedule first_token finish pause", "pause"),   # the result is known
     (GENERATION, "resume_decode", "resume_decode"),
-    (GENERATION, "schedule first_token retract schedule", "schedule"),   # requeue first
+    (GENERATION, "retract", "retract"),                     # nothing to retract in the queue
     (POOLING, "schedule deliver", "deliver"),
     (CONTROL, "wait wait", "wait"),
     (SERVER, "drain stop ready", "ready"),                  # stopped is terminal

@@ -340,7 +340,6 @@ class GenerationActor(RequestActor):
     @handles(Retracted)
     def _retracted(self, msg: Retracted) -> None:
         self.fire("retract")
-        self.fire("requeue")
 
 
 class PoolingActor(RequestActor):

@@ -39,7 +39,10 @@ from before is read through `legacy`: those server pause/resume transitions are 
 same recording holds the scheduler's, which carry the pause) and a server ``paused_<mode>`` is
 read as ``serving``. Its failed steps' isolations were a self-loop (``isolate``, ``stepping ->
 stepping``); they are the ``isolating`` state now (left by ``isolated``), and an old self-loop
-is skipped.
+is skipped. A generation request's ``retract`` went to ``retracted`` and, in the same turn,
+``requeue`` took it to ``queued``; ``retract`` goes to ``queued`` now (the state was never
+observable), so an old ``retract`` is read as leading to ``queued`` and its ``requeue`` is
+skipped.
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ def legacy(ev: Event) -> Event | None:
     no counterpart today and is skipped). See the module docstring."""
     if ev.kind == "scheduler" and ev.event == "isolate" and ev.src == ev.dst:
         return None
+    if ev.kind == "generation" and (ev.src == "retracted" or ev.dst == "retracted"):
+        return None if ev.event == "requeue" else dataclasses.replace(ev, dst="queued")
     if ev.kind != "server" or not (ev.src in _OLD_SERVER_PAUSED or ev.dst in _OLD_SERVER_PAUSED):
         return ev
     if ev.event.startswith("pause_") or ev.event == "resume":

@@ -41,6 +41,8 @@ STATE_COLORS: dict[str, str] = {
     "resuming": "#f87088",
     # LoRA adapters (failed as above)
     "loading": "#68e8f8", "ready": "#20c860", "unloading": "#f068b8", "unloaded": "#303858",
+    # a fleet's replicas (starting, ready, stopped as above)
+    "dead": "#78350f",
 }
 UNKNOWN = "#9ca3af"
 

@@ -27,8 +27,10 @@ and the long-lived actors have theirs:
 Every live request state can end in ``aborted`` or ``failed``. Pause ``in_place`` parks a
 running request in ``paused`` with its KV; the scheduler's ``Resumed`` says whether its prompt
 is fully computed, and ``resume_decode`` / ``resume_prefill`` return it there. Pause
-``retract`` (or KV pressure) frees the KV: ``retracted -> queued``, recomputed later. A
-pooling request caught mid-forward by a retract goes straight back to ``queued``.
+``retract`` (or KV pressure, or a better-ranked request) frees the KV: ``retract`` takes the
+request straight back to ``queued`` (the scheduler puts it back in its lane in the same turn,
+so no state lies between), recomputed when it is scheduled again; a pooling request caught
+mid-forward the same way.
 
 A generation request is in ``detok`` from the moment its last token is known (the scheduler saw
 EOS or the length limit, or the output stage found a stop string) until its client has taken
@@ -48,7 +50,6 @@ class GenState(enum.Enum):
     prefill = "prefill"
     decode = "decode"
     paused = "paused"
-    retracted = "retracted"
     detok = "detok"
     done = "done"
     aborted = "aborted"
@@ -134,7 +135,7 @@ class ResponseState(enum.Enum):
 
 
 G = GenState
-_G_LIVE = (G.queued, G.prefill, G.decode, G.paused, G.retracted, G.detok)
+_G_LIVE = (G.queued, G.prefill, G.decode, G.paused, G.detok)
 
 GENERATION = Lifecycle(
     name="generation",
@@ -150,8 +151,7 @@ GENERATION = Lifecycle(
         Edge("pause", (G.prefill, G.decode), G.paused),
         Edge("resume_decode", (G.paused,), G.decode),
         Edge("resume_prefill", (G.paused,), G.prefill),
-        Edge("retract", (G.prefill, G.decode, G.paused), G.retracted),
-        Edge("requeue", (G.retracted,), G.queued),
+        Edge("retract", (G.prefill, G.decode, G.paused), G.queued),   # KV freed: recomputed later
         Edge("abort", _G_LIVE, G.aborted),
         Edge("fail", _G_LIVE, G.failed),
     ),
@@ -347,8 +347,10 @@ LIFECYCLES: dict[str, Lifecycle] = {
 }
 
 from .memory import MEMORY  # noqa: E402  (memory release per tag: its own module)
+from .replica import REPLICA  # noqa: E402  (a fleet's replicas: their own module)
 
 LIFECYCLES[MEMORY.name] = MEMORY
+LIFECYCLES[REPLICA.name] = REPLICA
 
 
 def lifecycle(name: str) -> Lifecycle:
