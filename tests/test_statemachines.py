@@ -248,3 +248,18 @@ def test_definition_hash_depends_on_the_definition_only():
 
 
 PINNED_LIGHT_HASH = "c5e2b4e93bdca979"
+
+
+def test_can_answers_from_the_table_as_fire_would():
+    """`Lifecycle.can` is the guard a handler asks instead of repeating an edge's sources."""
+    for lc in (SCHEDULER, SERVER, GENERATION):
+        for state in lc.states:
+            for event in lc.events:
+                s = subject(lc)
+                s.state = state
+                try:
+                    lc.fire(s, event)
+                    fired = True
+                except IllegalTransition:
+                    fired = False
+                assert lc.can(state, event) == fired, (lc.name, state, event)

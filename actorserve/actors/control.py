@@ -133,7 +133,7 @@ class ControlActor(MemoryControl, LoraControl):
         return rec.reply
 
     def _wait(self, rec: ControlRecord) -> None:
-        if rec.state is ControlState.received:
+        if CONTROL.can(rec.state, "wait"):
             CONTROL.fire(rec, "wait", observer=self._rec)
 
     def _ask(self, rec: ControlRecord, target: Actor, message: Any) -> None:
@@ -332,10 +332,10 @@ class ControlActor(MemoryControl, LoraControl):
     @handles(HealthVerdict)
     def _verdict(self, msg: HealthVerdict) -> None:
         h = self.health
-        if msg.ok and h.state is HealthState.unhealthy:
+        if msg.ok and HEALTH.can(h.state, "recover"):
             HEALTH.fire(h, "recover", observer=self._rec)
             h.reason = ""
-        elif not msg.ok and h.state is HealthState.healthy:
+        elif not msg.ok and HEALTH.can(h.state, "stall"):
             HEALTH.fire(h, "stall", observer=self._rec)
             h.reason = msg.reason
             h.stalls += 1

@@ -28,7 +28,7 @@ from ..messages import (
     DEADLINE_EXCEEDED, Aborted, Delivered, Failed, Paused, PoolOut, PrefillProgress, QueueTimeout, Release,
     RequestOutput, Resumed, Retracted, Scheduled, SessionEnd, TokenOut,
 )
-from ..statemachines import GENERATION, POOLING, GenState, Lifecycle
+from ..statemachines import GENERATION, POOLING, Lifecycle
 from .actor import Actor, handles
 
 
@@ -307,7 +307,7 @@ class GenerationActor(RequestActor):
 
     @handles(TokenOut)
     def _token(self, msg: TokenOut) -> None:
-        if self.state is GenState.prefill:
+        if self.lifecycle.can(self.state, "first_token"):     # the first token: prefill is over
             self.fire("first_token")
         if self.t_first is None:
             assert self.system is not None

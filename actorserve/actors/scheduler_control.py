@@ -36,8 +36,10 @@ scheduler actor itself, so the diagram, the recording and the code agree:
   `WhenIdle` and flushes again when the answer comes. `WhenIdle` is answered the moment the
   scheduler has no request and no step (a waiting flush, a drain).
 
-`SchedulerControl` is the scheduler actor's base class; the state it reads (queues, block
-manager, the step in flight) belongs to `SchedulerActor`.
+`SchedulerControl` is the scheduler actor's base class; the state it reads (the `Queues` part,
+the block manager, the step in flight) belongs to `SchedulerActor`. Its guards ask the
+SCHEDULER table (`_can`): a pause is deferred where ``defer_pause`` leaves the state (a step or
+an isolation in flight), refused as pending where ``cancel_pause`` does.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from ..messages import (
     Retracted, SetWeightVersion, WeightsApplied, WhenIdle,
 )
 from ..statemachines import PAUSE_MODES, PAUSED_MODE, SCHEDULER, STEP_IN_FLIGHT, SchedulerState
-from .actor import Actor, handles
+from .actor import handles
 from .scheduler_lora import SchedulerLora
 
 
@@ -58,6 +60,7 @@ from .scheduler_lora import SchedulerLora
 class SchedulerControl(SchedulerLora):
     # owned by SchedulerActor
     state: SchedulerState
+    queues: Any             # its `Queues` (queues.py): `running`, `lane`, `seqs` below are the part's
     running: list[Any]
     lane: Any               # a `Lane`
     seqs: dict[str, Any]
