@@ -42,6 +42,7 @@ async def test_a_draining_server_whose_scheduler_is_paused_in_place_says_it_is_p
         assert rt.scheduler.state.name == "paused_in_place" and not drained.done()
         info = await (await http.get("/server_info")).json()
         assert info["pause_mode"] == "in_place" and info["server_state"] == "draining"
+        assert (await http.get("/health")).status == 503       # paused, but draining: not healthy
         assert (await rt.control(ContinueGeneration())).ok          # a draining server may continue
         out = await (await gen).json()
         assert out["meta_info"]["finish_reason"]["type"] == "length"
