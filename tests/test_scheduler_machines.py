@@ -109,3 +109,36 @@ def test_a_recording_with_the_old_retracted_state_still_checks():
            g(5, "schedule", "queued", "prefill"), g(6, "first_token", "prefill", "decode"),
            g(7, "finish", "decode", "detok"), g(8, "deliver", "detok", "done")]
     assert check(old).ok
+
+
+def test_the_queues_part_keeps_lanes_and_frees_an_inflight_member_after_its_step():
+    from actorserve.actors.queues import Queues
+    from actorserve.engine.block_manager import BlockManager
+    from actorserve.engine.lane import Lane
+    from actorserve.engine.sequence import Sequence
+    from actorserve.messages import Abort
+
+    bm, released = BlockManager(8, 4), []
+    q = Queues(bm, Lane(), released.append)
+    seqs = {rid: Sequence(rid, [1, 2, 3, 4, 5], is_probe=rid.startswith("p")) for rid in ("a", "p1", "b", "p2")}
+    for s in seqs.values():
+        q.add(s, None)
+        q.enqueue(s)
+    assert [s.order for s in seqs.values()] == [1, 2, 3, 4]
+    assert [s.rid for s in q.probe_lane] == ["p1", "p2"] and [s.rid for s in q.lane] == ["a", "b"]
+    for s in seqs.values():              # all admitted and running
+        q.lane.discard(s) or q.probe_lane.discard(s)
+        assert bm.allocate(s, 5)
+        q.running.append(s)
+    q.start([(seqs["a"], 5), (seqs["p1"], 5)])
+    q.requeue([seqs["p1"], seqs["b"], seqs["p2"]])     # retracted, in that order
+    for rid in ("p1", "b", "p2"):
+        q.running.remove(seqs[rid])
+    assert [s.rid for s in q.probe_lane] == ["p1", "p2"] and [s.rid for s in q.lane] == ["b"]
+    assert bm.num_available == 0
+    assert q.remove("a")[0] is seqs["a"] and released == [] and bm.num_available == 0   # in flight
+    assert q.matches(Abort("p", prefix=True)) == ["p1", "p2"] and q.matches(Abort("")) == []
+    q.step_over([(seqs["a"], 5), (seqs["p1"], 5)])     # the step is back: a's blocks go now
+    assert released == [seqs["a"]] and q.inflight == {} and q.remove("a") is None
+    assert bm.num_available == 2
+    assert q.remove("b")[0] is seqs["b"] and released[-1] is seqs["b"] and bm.num_available == 4   # at once

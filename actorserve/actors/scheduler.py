@@ -80,7 +80,8 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         self.window = window or BatchWindow(batch_wait_s)   # batching window of an idle scheduler
         self.isolator = isolator or Isolator()              # bisects a failed step (isolation.py)
         info = engine.info
-        self.bm = block_manager or BlockManager(info.num_blocks, info.block_size)
+        self.bm = queues.bm if queues is not None else (
+            block_manager or BlockManager(info.num_blocks, info.block_size))
         if batch is not None and batch.speculative and not getattr(engine, "verifies_drafts", False):
             log.warning("%s: the engine cannot verify drafts (%s): speculative decoding is off",
                         name, type(engine).__name__)
