@@ -253,6 +253,7 @@ class TokenItem:
     # The first token of a speculative step: (drafts verified, drafts accepted) in that step
     spec: tuple[int, int] | None = None
     weight_version: str | None = None    # the version of the weights the step that made it ran with
+    probe: bool = False                  # a health probe's: not counted as generated traffic
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +271,7 @@ class OutputsDone:
     stopped: tuple[str, ...]
     failed: tuple[str, ...] = ()      # its output failed in the stage (the stage told the actor)
     error: BaseException | None = None
-    dropped: int = 0                  # tokens after a finish in the same step (speculation): not output
+    output: int = 0                   # tokens of business traffic the stage output (probes' are not counted)
 
 
 # -- scheduler -> itself --------------------------------------------------------------------------

@@ -336,9 +336,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
                 actor.tell(PoolOut(rid, value))
         elif kind is V.fail:
             self._end(seq, self._drop(rid), Failed(rid, value))
-        else:                               # a token, for the output stage
-            if not seq.is_probe:
-                self.generated_tokens += 1
+        else:                               # a token, for the output stage (which counts it)
             if value.finish_reason is not None:
                 self._drop(rid)             # its KV is free before the next plan
             items.append(value)
@@ -360,7 +358,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
                     actor = self._drop(rid)
                     if actor is not None and actor.alive:
                         actor.tell(Failed(rid, err))
-        self.generated_tokens -= msg.dropped     # counted as routed; the stage did not output them
+        self.generated_tokens += msg.output      # what reached its requests (probes' left out)
         self._end_step(msg.stopped + msg.failed)
 
     def _end_step(self, stopped: tuple[str, ...]) -> None:

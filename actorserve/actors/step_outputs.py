@@ -13,7 +13,8 @@ the scheduler applies them in order (`SchedulerActor._apply`) and decides nothin
   capacity). A finished request's KV is freed at once.
 
 A verdict that ends the member ends the list: a speculating member's tokens after its finish
-are never routed, so never counted nor output. The one finish decided elsewhere is a stop
+are never routed. Generated tokens are counted by what the output stage output (its answer),
+so a speculative step's tokens past a stop string are never counted either: no fix-up. The one finish decided elsewhere is a stop
 string, because it needs the text and only the output stage has it; the stage answers the
 rids it finished and the scheduler frees them before it plans the next step (`_end_step`).
 """
@@ -77,7 +78,7 @@ def _one(seq: Any, o: Any, info: Any, version: str, spec: tuple[int, int] | None
     seq.output_ids.append(tok)
     reason = finish_reason(seq, tok, info, o.stop)
     return Verdict(V.token, TokenItem(seq.rid, tok, o.logprob, o.top_logprobs, reason, o.ids_logprobs,
-                                      o.prompt_logprobs, spec, version))
+                                      o.prompt_logprobs, spec, version, seq.is_probe))
 
 
 def step_note(sched: str, step: int, batch: list[tuple[Any, int]]) -> dict[str, Any]:
