@@ -142,3 +142,20 @@ def test_the_queues_part_keeps_lanes_and_frees_an_inflight_member_after_its_step
     assert released == [seqs["a"]] and q.inflight == {} and q.remove("a") is None
     assert bm.num_available == 2
     assert q.remove("b")[0] is seqs["b"] and released[-1] is seqs["b"] and bm.num_available == 4   # at once
+
+
+def test_re_execution_compares_an_old_recording_as_todays_machines_name_it():
+    from actorserve.replay.reexec import ReexecReport, compare
+
+    def g(seq, event, src, dst, kind="generation", rid="r1"):
+        return Event(seq, seq, rid, kind, event, src, dst, True, None, None, None, None)
+    old = [g(1, "ready", "starting", "serving", "server", "server"),
+           g(2, "pause_retract", "serving", "paused_retract", "server", "server"),
+           g(3, "retract", "decode", "retracted"), g(4, "requeue", "retracted", "queued"),
+           g(5, "resume", "paused_retract", "serving", "server", "server"),
+           g(6, "schedule", "queued", "prefill")]
+    new = [g(1, "ready", "starting", "serving", "server", "server"),
+           g(2, "retract", "decode", "queued"), g(3, "schedule", "queued", "prefill")]
+    assert compare(old, new, ReexecReport()).transition_diffs == []
+    changed = new[:2] + [g(3, "abort", "queued", "aborted")]
+    assert [d.rid for d in compare(old, changed, ReexecReport()).transition_diffs] == ["r1"]
