@@ -178,6 +178,7 @@ class TokenOut:
     weight_version: str | None = None    # the weights that made it (its step's version)
     text: str = ""                       # the stable text delta (set by the output stage)
     matched: int | str | None = None     # with stop: the stop token id or stop string that ended it
+    probe: bool = False                  # a health probe's: not counted as generated traffic
 
 
 @hot
@@ -262,7 +263,7 @@ class OutputsDone:
     stopped: tuple[str, ...]
     failed: tuple[str, ...] = ()      # its output failed in the stage (the stage told the actor)
     error: BaseException | None = None
-    dropped: int = 0                  # tokens after a finish in the same step (speculation): not output
+    output: int = 0                   # tokens of business traffic the stage output (probes' are not counted)
 
 
 # -- scheduler -> itself --------------------------------------------------------------------------

@@ -87,8 +87,9 @@ async def test_watchdog_marks_and_clears_unhealthy():
 
 async def test_a_server_can_be_paused_and_unhealthy_at_once():
     """A pause that waited at a stalled step applies while the server is unhealthy: the run
-    phase goes paused_in_place, the health region stays unhealthy until a step completes, and
-    recovering re-fires nothing (both regions are states of their own machines)."""
+    scheduler goes paused_in_place (the one machine that holds the pause) while the server's
+    run phase stays serving, the health region stays unhealthy until a step completes, and
+    recovering re-fires nothing (each is a state of its own machine)."""
     gate, started, stall = threading.Event(), threading.Event(), {"on": True}
 
     def fault(batch):
@@ -110,14 +111,16 @@ async def test_a_server_can_be_paused_and_unhealthy_at_once():
     gate.set()
     assert (await pause).ok
     snap = rt.snapshot()
-    assert (snap.state, snap.health) == ("paused_in_place", "unhealthy")   # both at once
+    assert (snap.state, snap.pause_mode, snap.health) == ("serving", "in_place", "unhealthy")   # at once
     clock.advance(0.25)
     await until(lambda: rt.snapshot().health == "healthy")
-    assert rt.server_state == "paused_in_place"
+    assert rt.snapshot().pause_mode == "in_place"
     await rt.control(ContinueGeneration())
-    assert rt.server_state == "serving"
+    assert rt.snapshot().pause_mode is None
     server = [e.event for e in rec.events(rid="server", kind="server")]
-    assert server == ["create", "ready", "pause_in_place", "resume"]   # no synthetic events
+    assert server == ["create", "ready"]          # the pause is the scheduler's alone
+    sched = [e.event for e in rec.events(rid="scheduler", kind="scheduler")]
+    assert "pause_in_place" in sched and "resume" in sched
     assert (await h.stream.final()).finish_reason == "length"
     await rt.quiesce()
     assert check(rec.events()).ok
@@ -131,7 +134,7 @@ async def test_watchdog_ignores_a_pause_in_place():
     for _ in range(20):
         clock.advance(0.5)
         await rt.quiesce()
-    assert rt.server_state == "paused_in_place" and rt.snapshot().health == "healthy"
+    assert rt.snapshot().pause_mode == "in_place" and rt.snapshot().health == "healthy"
     await rt.control(ContinueGeneration())
     assert (await h.stream.final()).finish_reason == "length"
     await rt.shutdown()

@@ -44,7 +44,14 @@ async def test_only_the_poison_request_fails_and_the_others_lose_no_token(n_good
     notes = [e for e in rec.events(kind="step") if e.event in ("isolate", "isolated")]
     assert [e.event for e in notes] == ["isolate", "isolated"] and notes[1].rid == poison_rid
     assert sorted(notes[0].data["suspects"]) == sorted(h.rid for h in handles)
-    assert [e.event for e in rec.events(rid="scheduler", kind="scheduler")].count("isolate") == 1
+    sched = [(e.event, e.src, e.dst) for e in rec.events(rid="scheduler", kind="scheduler")]
+    assert [t for t in sched if t[0] in ("isolate", "isolated")] == [
+        ("isolate", "stepping", "isolating"), ("isolated", "isolating", "stepping")]   # a state, drawn
+    i = sched.index(("isolate", "stepping", "isolating"))
+    assert sched[i + 1] == ("isolated", "isolating", "stepping")   # the re-runs happen inside it
+    reruns = [e for e in rec.events(kind="step") if e.event == "step"
+              and notes[0].seq < e.seq < notes[1].seq]
+    assert len(reruns) >= 2
     assert [e.dst for e in rec.events(rid=poison_rid, kind="generation")][-1] == "failed"
     # the failed step and its re-runs: every live member was in exactly one successful re-run
     assert check(rec.events()).ok

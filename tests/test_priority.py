@@ -130,7 +130,7 @@ async def test_a_higher_priority_arrival_retracts_the_lowest_priority_running_re
     assert retracts == [("lo2", "priority:hi", 9), ("lo2", "kv_pressure", 9)]
     assert admitted_order(rec) == ["lo1", "lo2", "hi", "lo2", "lo2"]
     lo2_path = [e.event for e in rec.events(rid="lo2", kind="generation")]
-    assert lo2_path[:5] == ["create", "schedule", "first_token", "retract", "requeue"]
+    assert lo2_path[:5] == ["create", "schedule", "first_token", "retract", "schedule"]
     st = rt.stats()
     assert st.preemptions == 2 and st.preempted_by_priority == ((9, 2),)
     await finish(rt, rec)

@@ -136,7 +136,7 @@ async def test_pause_and_continue_give_the_same_tokens(mode):
     hs = [rt.generate(p, SamplingParams(max_new_tokens=12)) for p in prompts]
     await until(lambda: rt.stats().generated_tokens >= 5 * 6, poll=0)   # halfway through decoding
     res = await rt.control(PauseGeneration(mode))
-    assert res.ok and rt.server_state == f"paused_{mode}"
+    assert res.ok and rt.snapshot().pause_mode == mode and rt.server_state == "serving"
     await rt.quiesce()
     st = rt.stats()
     if mode == "retract":
@@ -147,7 +147,7 @@ async def test_pause_and_continue_give_the_same_tokens(mode):
     await rt.quiesce()
     assert rt.stats().waiting == (6 if mode == "retract" else 1) and not late.stream.closed
     assert rt.request_info(late.rid)["state"] == "queued"
-    assert (await rt.control(ContinueGeneration())).ok and rt.server_state == "serving"
+    assert (await rt.control(ContinueGeneration())).ok and rt.snapshot().pause_mode is None
     for h, p in zip(hs, prompts):
         out = await h.stream.final()
         assert out.token_ids == expected_tokens(p, 12), mode

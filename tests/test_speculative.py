@@ -123,6 +123,8 @@ async def test_greedy_output_is_identical_with_fewer_steps_and_the_recording_ree
     assert stats.spec_accepted_tokens > 0 and stats.spec_steps > 0
     assert stats.steps < plain_stats.steps
     assert stats.generated_tokens == plain_stats.generated_tokens
+    # counted where they are output: a speculative step's tokens past a stop string never are
+    assert stats.generated_tokens == sum(last.completion_tokens for _, last in spec)
     per_request = [last.spec for _, last in spec if last.spec is not None]
     assert sum(s[0] for s in per_request) == stats.spec_steps
     assert sum(s[1] for s in per_request) == stats.spec_draft_tokens

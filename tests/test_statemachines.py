@@ -137,8 +137,8 @@ ACCEPTED = [
     (GENERATION, "schedule first_token pause resume_decode finish deliver", {}, "done"),
     (GENERATION, "schedule prefill_chunk pause resume_prefill first_token", {}, "decode"),
     # retract frees the KV: the request is recomputed from the queue
-    (GENERATION, "schedule first_token retract requeue schedule first_token", {}, "decode"),
-    (GENERATION, "schedule first_token pause retract requeue", {}, "queued"),
+    (GENERATION, "schedule first_token retract schedule first_token", {}, "decode"),
+    (GENERATION, "schedule first_token pause retract", {}, "queued"),
     # a client that leaves while its final text waits aborts a request in detok
     (GENERATION, "schedule first_token finish abort", {}, "aborted"),
     (GENERATION, "fail", {}, "failed"),
@@ -146,8 +146,8 @@ ACCEPTED = [
     (POOLING, "schedule retract schedule forward_done abort", {}, "aborted"),
     (CONTROL, "wait apply", {}, "applied"),
     (CONTROL, "reject", {}, "rejected"),
-    (SERVER, "ready pause_retract resume pause_in_place drain stop", {}, "stopped"),
-    (SERVER, "ready pause_abort drain", {}, "draining"),
+    (SERVER, "ready drain stop", {}, "stopped"),
+    (SERVER, "ready drain", {}, "draining"),
     (HEALTH, "stall recover stall", {}, "unhealthy"),
     (SESSION, "defer_close close", {}, "closed"),
     (SESSION, "expire", {}, "closed"),
@@ -156,9 +156,11 @@ ACCEPTED = [
     # a pause mid-step waits for the boundary, then applies
     (SCHEDULER, "admit window window_closed step defer_pause step_done pause_retract resume", {}, "pending"),
     (SCHEDULER, "admit step defer_pause cancel_pause step_done empty", {}, "idle"),
-    # a failed step is isolated (re-runs in halves) without leaving its step
-    (SCHEDULER, "admit step isolate isolate step_done", {}, "pending"),
-    (SCHEDULER, "admit step defer_pause isolate step_done pause_abort", {}, "paused_abort"),
+    # a failed step is isolated (its members re-run in halves), then its outputs go on as a step's
+    (SCHEDULER, "admit step isolate isolated step_done", {}, "pending"),
+    (SCHEDULER, "admit step defer_pause isolate isolated step_done pause_abort", {}, "paused_abort"),
+    # a pause that arrives while isolating waits for the step, and can be cancelled there
+    (SCHEDULER, "admit step isolate defer_pause cancel_pause defer_pause isolated", {}, "pausing"),
     (SCHEDULER, "admit empty pause_in_place resume empty", {}, "idle"),
     (SCHEDULER, "admit window window_closed pause_abort stop", {}, "stopped"),
 ]
@@ -167,11 +169,10 @@ REFUSED = [
     (GENERATION, "schedule finish", "finish"),              # no token yet: decode comes first
     (GENERATION, "schedule first_token finish pause", "pause"),   # the result is known
     (GENERATION, "resume_decode", "resume_decode"),
-    (GENERATION, "schedule first_token retract schedule", "schedule"),   # requeue first
+    (GENERATION, "retract", "retract"),                     # nothing to retract in the queue
     (POOLING, "schedule deliver", "deliver"),
     (CONTROL, "wait wait", "wait"),
-    (SERVER, "pause_abort", "pause_abort"),                 # not before serving
-    (SERVER, "ready pause_abort pause_retract", "pause_retract"),   # continue first
+    (SERVER, "drain stop ready", "ready"),                  # stopped is terminal
     (SERVER, "ready drain ready", "ready"),
     (HEALTH, "recover", "recover"),
     (SCHEDULER, "admit step step", "step"),                 # one step at a time
@@ -179,6 +180,8 @@ REFUSED = [
     (SCHEDULER, "admit window pause_abort", "pause_abort"),   # the window closes first
     (SCHEDULER, "admit step empty", "empty"),               # a step's requests are not gone
     (SCHEDULER, "admit isolate", "isolate"),                # only a step in flight is isolated
+    (SCHEDULER, "admit step isolate isolate", "isolate"),   # one isolation at a time
+    (SCHEDULER, "admit step isolate step_done", "step_done"),   # the culprits are known first
     (SCHEDULER, "admit pause_in_place pause_abort", "pause_abort"),
     (SESSION, "close defer_close", "defer_close"),
 ]
@@ -202,15 +205,16 @@ def test_a_story_the_semantics_forbid_is_refused_at_the_right_event(lc, story, r
     assert err.value.event == refused and s.state is before
 
 
-def test_pause_modes_are_states_of_the_server_and_the_scheduler():
+def test_pause_modes_are_states_of_the_scheduler_only():
+    """Pause lives in one machine: the server's run phase has no copy of it."""
     from actorserve.statemachines import PAUSE_MODES, PAUSED_MODE
-    for lc in (SERVER, SCHEDULER):
-        for mode in PAUSE_MODES:
-            s = subject(lc)
-            for ev in (["ready"] if lc is SERVER else []) + [f"pause_{mode}"]:
-                lc.fire(s, ev)
-            assert PAUSED_MODE[s.state] == mode
-    assert {PAUSED_MODE.get(s) for s in SERVER.states} == {None, *PAUSE_MODES}
+    for mode in PAUSE_MODES:
+        s = subject(SCHEDULER)
+        SCHEDULER.fire(s, f"pause_{mode}")
+        assert PAUSED_MODE[s.state] == mode
+    assert {PAUSED_MODE.get(s) for s in SCHEDULER.states} == {None, *PAUSE_MODES}
+    assert not any(s in PAUSED_MODE for s in SERVER.states)
+    assert not any(e.startswith("pause") or e == "resume" for e in SERVER.events)
 
 
 # -- the definition hash --------------------------------------------------------------------------
@@ -244,3 +248,18 @@ def test_definition_hash_depends_on_the_definition_only():
 
 
 PINNED_LIGHT_HASH = "c5e2b4e93bdca979"
+
+
+def test_can_answers_from_the_table_as_fire_would():
+    """`Lifecycle.can` is the guard a handler asks instead of repeating an edge's sources."""
+    for lc in (SCHEDULER, SERVER, GENERATION):
+        for state in lc.states:
+            for event in lc.events:
+                s = subject(lc)
+                s.state = state
+                try:
+                    lc.fire(s, event)
+                    fired = True
+                except IllegalTransition:
+                    fired = False
+                assert lc.can(state, event) == fired, (lc.name, state, event)

@@ -10,9 +10,12 @@ one is a recorded control request with its reason.
 
 The served weights are the WEIGHTS lifecycle, handled by the `WeightsControl` base
 (`weights_control`; a trainer's process group by `WeightsGroupControl`, `weights_distributed`); memory release and resume per tag the MEMORY lifecycle (`memory_control`). The control actor also owns the server's two orthogonal regions: the SERVER lifecycle
-(``starting -> serving <-> paused_<mode> -> draining -> stopped``) and the HEALTH lifecycle
-(``healthy <-> unhealthy``, moved by the watchdog's `HealthVerdict`). A paused server that
-stalls is ``paused_retract`` and ``unhealthy`` at once; nothing is re-fired when it recovers.
+(``starting -> serving -> draining -> stopped``) and the HEALTH lifecycle (``healthy <->
+unhealthy``, moved by the watchdog's `HealthVerdict`). Whether generation is paused is not a
+state here: pause lives in one machine, the generation scheduler's (``paused_<mode>``), and
+`pause_mode` reads it there, so a server ``draining`` while its scheduler is
+``paused_in_place`` says it is paused. A paused scheduler whose server stalls is paused and
+``unhealthy`` at once; nothing is re-fired when it recovers.
 
 The control actor never waits inside a handler: it asks a scheduler and the answer comes back
 as a `ControlDone` (or `SchedulerIdle`) message, where the record's final transition fires and
@@ -35,7 +38,7 @@ from ..messages import (
     Pause, PauseGeneration, SchedulerIdle, ServerEvent, WhenIdle,
 )
 from ..statemachines import (
-    CONTROL, HEALTH, PAUSED_MODE, SERVER, WEIGHTS, ControlState, HealthState, IllegalTransition, ServerState,
+    CONTROL, HEALTH, SERVER, WEIGHTS, ControlState, HealthState, IllegalTransition, ServerState,
 )
 from .actor import ActorRef, handles
 from .memory_control import MEMORY_OPS, MemoryControl, memory_models
@@ -105,7 +108,10 @@ class ControlActor(MemoryControl, LoraControl):
 
     @property
     def pause_mode(self) -> str | None:
-        return PAUSED_MODE.get(self.server.state)
+        """The generation scheduler's pause mode (None: not paused): its machine's state, as it
+        published it after its last turn."""
+        view = self.system.published(self.scheduler.name) if self.system is not None else None
+        return None if view is None else view.stats.paused_mode
 
     def _schedulers(self) -> list[ActorRef]:
         return [s for s in (self.scheduler, *self.pool_schedulers.values()) if s.alive]
@@ -131,7 +137,7 @@ class ControlActor(MemoryControl, LoraControl):
         return rec.reply
 
     def _wait(self, rec: ControlRecord) -> None:
-        if rec.state is ControlState.received:
+        if CONTROL.can(rec.state, "wait"):
             CONTROL.fire(rec, "wait", observer=self._rec)
 
     def _ask(self, rec: ControlRecord, target: ActorRef, message: Any) -> None:
@@ -194,7 +200,7 @@ class ControlActor(MemoryControl, LoraControl):
         """Flush now if the engine is idle; with a timeout, the record waits for idle (asked of
         the scheduler with `WhenIdle`) and flushes then, until `FlushTimeout`."""
         rec = self._new("flush_cache")
-        if self.server.state is S.paused_in_place:
+        if self.pause_mode == "in_place":
             return self._end(rec, ControlResult(False, "cannot flush while paused in_place: the KV is kept"))
         if msg.timeout_s and msg.timeout_s > 0:
             if any(r.op == "flush_cache" and r.state is ControlState.waiting for r in self.open.values()):
@@ -229,12 +235,12 @@ class ControlActor(MemoryControl, LoraControl):
         """Open the record of a /health_generate; the HTTP layer runs the probe and reports
         `HealthDone`. Only a serving, healthy server is probed; paused is healthy without one."""
         rec = self._new("health_generate", deferred=False)
-        state = self.server.state
+        state, paused = self.server.state, self.pause_mode is not None
         if self.health.state is HealthState.unhealthy:
             return self._end(rec, ControlResult(False, self.health.reason or "server is unhealthy",
                                                 {"record": rec.rid}))
-        if state in PAUSED_MODE or (state is S.serving and self.memory_out):   # nothing would step
-            return self._end(rec, ControlResult(True, "paused" if state in PAUSED_MODE else "memory released",
+        if state is S.serving and (paused or self.memory_out):   # nothing would step
+            return self._end(rec, ControlResult(True, "paused" if paused else "memory released",
                                                 {"probe": False, "record": rec.rid}))
         if state is not S.serving:
             return self._end(rec, ControlResult(False, f"server is {state.name}", {"record": rec.rid}))
@@ -272,16 +278,7 @@ class ControlActor(MemoryControl, LoraControl):
                 and "busy" in res.detail:
             self._ask_idle(rec, self.scheduler)      # busy: flush again once it is idle
             return
-        if res.ok:
-            self._applied(rec.op, res)
         self._end(rec, res)
-
-    def _applied(self, op: str, res: ControlResult) -> None:
-        """What the scheduler applied moves the server lifecycle."""
-        if op == "pause_generation" and self.server.state is S.serving:
-            self._server_fire(f"pause_{res.detail['mode']}")
-        elif op == "continue_generation" and self.server.state in PAUSED_MODE:
-            self._server_fire("resume")
 
     def _ask_idle(self, rec: ControlRecord, sched: ActorRef) -> None:
         assert self.system is not None
@@ -335,10 +332,10 @@ class ControlActor(MemoryControl, LoraControl):
     @handles(HealthVerdict)
     def _verdict(self, msg: HealthVerdict) -> None:
         h = self.health
-        if msg.ok and h.state is HealthState.unhealthy:
+        if msg.ok and HEALTH.can(h.state, "recover"):
             HEALTH.fire(h, "recover", observer=self._rec)
             h.reason = ""
-        elif not msg.ok and h.state is HealthState.healthy:
+        elif not msg.ok and HEALTH.can(h.state, "stall"):
             HEALTH.fire(h, "stall", observer=self._rec)
             h.reason = msg.reason
             h.stalls += 1

@@ -9,10 +9,14 @@ token from the re-run they were in, and the step ends as if it had succeeded for
 gap a client could see, beyond the re-runs' time. A step that fails with one member fails it.
 
 The re-runs are model steps like any other (recorded as ``step`` notes and ``step_end``
-inputs, so re-execution replays them), run while the scheduler stays ``stepping``; the
-isolation itself is the scheduler lifecycle's ``isolate`` event. Re-running a member is safe:
-a step writes each member's K/V for the same positions again, and nothing of a failed step was
-committed. Members aborted during the isolation are left out of the next re-run.
+inputs, so re-execution replays them), run while the scheduler is ``isolating`` (or
+``isolating_pausing`` when a pause waits for the step): ``isolate`` enters it, ``isolated``
+leaves it when the culprits are known. Re-running a member is safe: a step writes each
+member's K/V for the same positions again, and nothing of a failed step was committed. Members
+aborted during the isolation are left out of the next re-run.
+
+`Isolator` is one of the parts a scheduler is built from: it holds the isolation in progress
+and its counters, and acts on the scheduler only through what it is handed (`Hooks`).
 
 Cost: for one culprit in a batch of B, about 2·log2(B) re-runs of ever smaller batches.
 """
@@ -20,9 +24,7 @@ Cost: for one culprit in a batch of B, about 2·log2(B) re-runs of ever smaller 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
-
-from ..messages import Failed
+from typing import Any, Callable, NamedTuple
 
 
 def halves(batch: list[Any]) -> list[list[Any]]:
@@ -61,35 +63,49 @@ class Isolation:
         return None
 
 
-def step_failed_or_rerun(sched: Any, msg: Any) -> tuple[list[Any], list[Any] | None, BaseException | None] | None:
-    """The scheduler's side: a step failed, or an isolation's re-run came back (`msg`, a
-    `StepDone`). Starts the next re-run and returns None, or returns the step to apply once the
-    isolation is over (the original members, the re-runs' outputs)."""
-    iso = sched._isolation
-    rec = sched.system.recorder if sched.system is not None else None
-    if iso is None:
-        live = [(s, n) for s, n in msg.batch if sched._live(s)]
-        if len(live) <= 1:
-            return msg.batch, msg.outputs, msg.error      # nothing to tell apart
-        iso = sched._isolation = Isolation(live)
-        sched.isolations += 1
-        sched.fire("isolate")
-        if rec is not None:
-            rec.note("step", "isolate", data={
-                "sched": sched.name, "step": msg.step, "suspects": [s.rid for s, _ in live],
-                "error": f"{type(msg.error).__name__}: {msg.error}"})
-    else:
-        iso.result(msg.batch, msg.outputs, msg.error)
-    sub = iso.next(sched._live)
-    if sub is not None:
-        sched._run(sub)
-        return None
-    sched._isolation = None
-    for seq, err in iso.failed:
-        if sched._live(seq):
-            sched.isolated_failures += 1
-            if rec is not None:
-                rec.note("step", "isolated", rid=seq.rid, data={"sched": sched.name, "error": err})
-            sched._end(seq, sched._drop(seq.rid),
-                      Failed(seq.rid, f"model step failed on this request: {err}"))
-    return iso.batch, iso.outputs, None
+class Hooks(NamedTuple):
+    """What an isolation may do to its scheduler, and nothing more."""
+    live: Callable[[Any], bool]                  # is this sequence still the scheduler's?
+    rerun: Callable[[list[Any]], None]           # run a sub-batch as a model step
+    fire: Callable[[str], None]                  # an event of the scheduler's lifecycle
+    note: Callable[..., None]                    # a recorder note: (kind, event, rid=, data=)
+    fail: Callable[[Any, str], None]             # fail one request with this error
+
+
+class Isolator:
+    __slots__ = ("current", "isolations", "isolated_failures")
+
+    def __init__(self) -> None:
+        self.current: Isolation | None = None
+        self.isolations = 0            # failed steps isolated
+        self.isolated_failures = 0     # requests failed as the cause of a step's failure
+
+    def step_back(self, msg: Any, name: str, h: Hooks) -> Any:
+        """A step failed, or one of the isolation's re-runs came back (`msg`, a `StepDone`).
+        Starts the next re-run and returns None, or returns the step to apply: `msg` itself
+        when there is nothing to tell apart, else, once the isolation is over, the original
+        members with the re-runs' outputs (the culprits failed)."""
+        iso = self.current
+        if iso is None:
+            live = [(s, n) for s, n in msg.batch if h.live(s)]
+            if len(live) <= 1:
+                return msg                          # nothing to tell apart
+            iso = self.current = Isolation(live)
+            self.isolations += 1
+            h.fire("isolate")
+            h.note("step", "isolate", data={"sched": name, "step": msg.step, "suspects": [s.rid for s, _ in live],
+                                            "error": f"{type(msg.error).__name__}: {msg.error}"})
+        else:
+            iso.result(msg.batch, msg.outputs, msg.error)
+        sub = iso.next(h.live)
+        if sub is not None:
+            h.rerun(sub)
+            return None
+        self.current = None
+        h.fire("isolated")
+        for seq, err in iso.failed:
+            if h.live(seq):
+                self.isolated_failures += 1
+                h.note("step", "isolated", rid=seq.rid, data={"sched": name, "error": err})
+                h.fail(seq, f"model step failed on this request: {err}")
+        return type(msg)(msg.step, iso.batch, iso.outputs, None)

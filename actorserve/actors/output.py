@@ -1,4 +1,4 @@
-"""The output stage: where a step's tokens become text and a request's finish is decided.
+"""The output stage: where a step's tokens become text, and a stop string ends a request.
 
 SGLang splits its server into a tokenizer manager, a scheduler and a detokenizer manager; this
 actor is the third. After every model step the scheduler sends it one batched `StepOutputs`
@@ -10,8 +10,11 @@ actor is the third. After every model step the scheduler sends it one batched `S
 * stop strings are recognised here; a request that hit one finishes with ``stop`` and its rid is
   in the answer (`OutputsDone.stopped`), so the scheduler frees its KV *before* it plans the next
   step: no forward is spent on a request that has already ended;
-* the scheduler's own verdicts (EOS, the length limit) pass through on the item, and the
-  request's last `TokenOut` carries the whole remaining text (what the detokenizer held back);
+* every other finish (EOS, stop ids, a grammar's end, the length limits) was decided before
+  the item left the scheduler (`step_outputs.decide`) and passes through on it; the request's
+  last `TokenOut` carries the whole remaining text (what the detokenizer held back);
+* the answer also says how many tokens of business traffic were output, which is what the
+  scheduler counts as generated (a speculative step's tokens past a stop string never are);
 * a request that ended on ``stop`` says what matched (``TokenOut.matched``, SGLang's
   ``matched_stop``): the stop token id when the scheduler ended it (EOS, ``stop_token_ids``, a
   grammar's end), else the stop string. As in SGLang and vLLM, the stop token's own text is
@@ -63,18 +66,17 @@ class OutputStage(Actor):
     @handles(StepOutputs)
     def _step(self, msg: StepOutputs) -> tuple[tuple[str, ...], tuple[str, ...], int]:
         """Answers (rids finished on a stop string, rids whose output failed here, how many
-        tokens came after a request's finish in this step: a speculative step's tokens past a
-        stop string, never output). A detokenizer that raises fails its own request only."""
+        tokens of business traffic it output: the scheduler's count of generated tokens, which
+        leaves out a speculative step's tokens past a stop string, never output). A
+        detokenizer that raises fails its own request only."""
         stopped: list[str] = []
         failed: list[str] = []
-        dropped = 0
+        output = 0
         rec = self.system.recorder if self.system is not None else None
         tracked = self.tracked
         for item in msg.items:
             t = tracked.get(item.rid)
             if t is None:
-                if item.rid in stopped:
-                    dropped += 1
                 continue           # aborted or released while its step ran, or ended just now
             try:
                 text, finish, matched = self._detokenize(t, item, rec)
@@ -89,11 +91,12 @@ class OutputStage(Actor):
                 del tracked[item.rid]
                 if item.finish_reason is None:
                     stopped.append(item.rid)
+            output += not item.probe
             if t.actor.alive:
                 t.actor.tell(TokenOut(item.rid, item.token_id, item.logprob, item.top_logprobs,
                                       finish, item.ids_logprobs, item.prompt_logprobs, item.spec,
                                       item.weight_version, text, matched))
-        return tuple(stopped), tuple(failed), dropped
+        return tuple(stopped), tuple(failed), output
 
     def _detokenize(self, t: _Tracked, item: Any, rec: Any) -> tuple[str, str | None, int | str | None]:
         """(stable text, finish reason, what matched a ``stop``)."""
@@ -146,6 +149,6 @@ class OutputStage(Actor):
 def outputs_done(step: int):  # type: ignore[no-untyped-def]
     """How the scheduler wraps the stage's answer (a pipe's `wrap`)."""
     def wrap(res: Any, err: BaseException | None) -> OutputsDone:
-        stopped, failed, dropped = res if res is not None else ((), (), 0)
-        return OutputsDone(step, stopped, failed, err, dropped)
+        stopped, failed, output = res if res is not None else ((), (), 0)
+        return OutputsDone(step, stopped, failed, err, output)
     return wrap

@@ -257,7 +257,7 @@ class GenerationActor(RequestActor):
 
     @handles(TokenOut)
     def _token(self, msg: TokenOut) -> None:
-        if self.state is _PREFILL:
+        if self.lifecycle.can(self.state, "first_token"):     # the first token: prefill is over
             self.fire("first_token")
         if self.t_first is None:
             assert self.system is not None
@@ -295,7 +295,6 @@ class GenerationActor(RequestActor):
     @handles(Retracted)
     def _retracted(self, msg: Retracted) -> None:
         self.fire("retract")
-        self.fire("requeue")
 
 
 class PoolingActor(RequestActor):

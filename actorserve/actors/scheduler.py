@@ -1,26 +1,33 @@
 """The scheduler actor: owns the queues and the KV accounting, runs one model step at a time.
 
 The scheduler is the model of the SCHEDULER lifecycle (``idle -> pending -> [windowing ->]
-stepping -> pending | idle``, ``pausing``, ``paused_<mode>``); every phase below is one of its
-states, fired through the machine and recorded.
+stepping -> pending | idle``, ``isolating``, ``pausing``, ``paused_<mode>``); every phase below
+is one of its states, fired through the machine and recorded, and a handler asks the machine
+(`_can`) rather than repeating its table in an ``if state is ...`` guard.
 
-A step's life: when the scheduler's mailbox drains (`on_drained`) in ``pending``, it asks the
-`BatchPolicy` for the next batch, tells newly admitted request actors `Scheduled`, and hands
-`engine.execute(batch)` to a worker thread (``step``). The result comes back as a `StepDone`
-message; the scheduler advances each member, applies its own verdicts (EOS, length: the KV is
-freed at once), and sends the step's tokens to the output stage in one `StepOutputs`. The
-stage detokenizes, finds stop strings and answers with the rids it finished; only then
-(``step_done``) is the step over, those rids' KV freed, and the next step planned. So a
-request that ends on a stop string is never in another forward.
+It is built from parts handed in: the engine, the output stage, the batching policy and the
+KV's `BlockManager`, the batching window (`batch_window.BatchWindow`) and the isolation of a
+failed step (`isolation.Isolator`). What a step's answer means for each member is decided in
+one place, `step_outputs.decide`; this module only applies it.
 
-Because the next step starts only once the mailbox is empty, any `Abort` or `Pause` that
+A step, top to bottom (the section "stepping" below): when the mailbox drains in ``pending``
+(`on_drained`), the policy plans the next batch (`_start_step`): retracted requests go back to
+their lane, newly admitted ones hear `Scheduled`, and `engine.execute(batch)` goes to a worker
+thread (`_run`). Its answer comes back as a `StepDone` (`_step_done`): a failure is isolated
+first, then every member is advanced and its verdicts applied (`_apply`: EOS and length free
+the KV at once), and the step's tokens go to the output stage in one `StepOutputs`. The stage
+detokenizes, finds stop strings and answers with the rids it finished (`_outputs_done`); only
+then (`_end_step`, ``step_done``) is the step over, those rids' KV freed, a pause that waited
+applied, and the next step planned. So a request that ends on a stop string is never in
+another forward.
+
+Because the next step starts only once the mailbox is empty, any `AbortRequest` or `Pause` that
 arrived while a step was running is applied before the next step: an aborted request leaves
 at once (its client gets `finish_reason: abort` right away), and its blocks are freed when
 the in-flight step returns — never while the worker thread may still read its block table.
-A pause that arrives mid-step takes effect at the step boundary, and its reply waits for it.
 
-Pause, continue, flush and idle waits are in `scheduler_control.py` (the `SchedulerControl` base);
-memory release and resume in `scheduler_memory.py` (`SchedulerMemory`).
+Pause, continue, flush and idle waits are in `scheduler_control.py`; memory release and resume
+in `scheduler_memory.py`; LoRA adapters in `scheduler_lora.py`.
 """
 
 from __future__ import annotations
@@ -33,37 +40,26 @@ from typing import Any
 from ..engine.base import Engine
 from ..engine.batching import BatchConfig
 from ..engine.block_manager import BlockManager
-from ..engine.lane import Lane
 from ..engine.priority import make_policy
 from ..messages import (
     QUEUE_TIMEOUT, AbortRequest, Aborted, BatchWindowClosed, ControlResult, Failed, Forget, OutputsDone,
     PoolOut, PrefillProgress, Progress, ProgressQuery, QueueTimeout, Release, Retracted, Scheduled,
     StepDone, StepOutputs, Submit, TokenOut,
 )
-from ..statemachines import SCHEDULER, SchedulerState
+from ..statemachines import SCHEDULER, STEP_IN_FLIGHT, SchedulerState
 from .actor import ActorRef, handles
-from .isolation import Isolation, step_failed_or_rerun
-from .scheduler_stats import SchedulerStats, SchedulerView, stats_of, view_of
+from .batch_window import BatchWindow
+from .isolation import Hooks, Isolator
+from .queues import Queues
 from .output import outputs_done
 from .scheduler_control import SchedulerControl
 from .scheduler_memory import SchedulerMemory
+from .scheduler_stats import SchedulerStats, SchedulerView, stats_of, view_of
+from .step_outputs import V, decide, step_end_note, step_note
 
 K = SchedulerState
+_ISOLATING = (K.isolating, K.isolating_pausing)
 log = logging.getLogger("actorserve.scheduler")
-
-
-def _answer(o: Any) -> list[Any]:
-    """What the recording keeps of one member's answer: ``[rid, token | "pooled"]``, and the
-    engine's own verdict when it gave one (``"stop"``: its grammar ended; ``{"error": ...}``).
-    A speculating member's is ``[rid, [token, ...]]``: every token its step yielded."""
-    if o.seq.draft and o.token_id is not None:
-        return [o.seq.rid, [o.token_id] + [m.token_id for m in o.extra]]
-    entry = [o.seq.rid, "pooled" if o.pooled is not None else o.token_id]
-    if o.error is not None:
-        entry.append({"error": o.error})
-    elif o.stop:
-        entry.append("stop")
-    return entry
 
 
 class SchedulerActor(SchedulerMemory, SchedulerControl):
@@ -71,7 +67,9 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
 
     def __init__(self, engine: Engine, *, stage: ActorRef, batch: BatchConfig | None = None,
                  block_manager: BlockManager | None = None, step_in_thread: bool = True,
-                 name: str = "scheduler", batch_wait_s: float = 0.0, weight_version: str = "default") -> None:
+                 name: str = "scheduler", batch_wait_s: float = 0.0, weight_version: str = "default",
+                 window: BatchWindow | None = None, isolator: Isolator | None = None,
+                 queues: Queues | None = None) -> None:
         super().__init__(name)
         self.weight_version = weight_version  # the label of the weights its steps run with now
         self.step_version = weight_version    # the label of the step in flight (or the last one)
@@ -79,31 +77,25 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         self.state = SCHEDULER.initial
         self.engine = engine
         self.stage = stage                   # the output stage (detokenizer, stop strings)
-        self.batch_wait_s = batch_wait_s     # batching window of an idle scheduler (0 = none)
-        self._window: Any = None             # the open window's timer
+        self.window = window or BatchWindow(batch_wait_s)   # batching window of an idle scheduler
+        self.isolator = isolator or Isolator()              # bisects a failed step (isolation.py)
         info = engine.info
-        self.bm = block_manager or BlockManager(info.num_blocks, info.block_size)
+        self.bm = queues.bm if queues is not None else (
+            block_manager or BlockManager(info.num_blocks, info.block_size))
         if batch is not None and batch.speculative and not getattr(engine, "verifies_drafts", False):
             log.warning("%s: the engine cannot verify drafts (%s): speculative decoding is off",
                         name, type(engine).__name__)
             batch = dataclasses.replace(batch, speculative=None)   # what is recorded is what runs
         self.policy = make_policy(batch)     # FCFS, or by priority (engine.priority)
         self.step_in_thread = step_in_thread
-        self.probe_lane = Lane()             # waiting probes (served first), then the rest:
-        self.lane = self.policy.new_lane()   # FIFO or by priority, O(1) removal (an abort)
-        self.arrivals = 0                    # submissions so far: each one's order (ties by it)
+        # the requests and their KV (queues.py); the names below are the part's own containers
+        q = self.queues = queues or Queues(self.bm, self.policy.new_lane(), self._released)
+        self.probe_lane, self.lane, self.running, self.seqs = q.probe_lane, q.lane, q.running, q.seqs
+        self.actors, self.inflight, self._free_after_step = q.actors, q.inflight, q.free_after_step
         self.queue_timeouts = 0              # requests ended by --max-queue-time
-        self.running: list[Any] = []
-        self.seqs: dict[str, Any] = {}
-        self.actors: dict[str, ActorRef] = {}     # rid -> its request actor's ref
         self.step_id = 0
-        self.inflight: dict[str, Any] = {}       # rid -> seq of the step being computed
-        self._free_after_step: list[Any] = []
         self._pending_pause: tuple[str, asyncio.Future[ControlResult]] | None = None
         self._idle_waiters: list[asyncio.Future[bool]] = []
-        self._isolation: Isolation | None = None   # bisecting a failed step (isolation.py)
-        self.isolations = 0            # failed steps isolated
-        self.isolated_failures = 0     # requests failed as the cause of a step's failure
         self.generated_tokens = 0      # business traffic only: probes are not counted
         self.prompt_tokens = 0
         self.steps_done = 0            # completed model steps (the watchdog's progress signal)
@@ -114,6 +106,10 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         # each step until the recording says it came back. Called (self, fn, batch, wrap=...).
         self.runner: Any = None
         self._init_lora()                # LoRA adapters: their lifecycle and holds (scheduler_lora)
+
+    @property
+    def batch_wait_s(self) -> float:
+        return self.window.wait_s
 
     def on_start(self) -> None:
         rec = self.system.recorder if self.system is not None else None
@@ -127,11 +123,10 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         if msg.rid in self.seqs:
             self._end(seq, actor, Failed(msg.rid, f"duplicate request id {msg.rid!r}"))
             return
-        info = self.engine.info
-        capacity = info.capacity
-        if seq.num_tokens >= capacity:
+        room = self.engine.info.capacity
+        if seq.num_tokens >= room:
             self._end(seq, actor, Failed(msg.rid, f"prompt of {seq.num_tokens} tokens leaves no room "
-                                                  f"to generate (capacity {capacity} tokens)"))
+                                                  f"to generate (capacity {room} tokens)"))
             return
         lora = None
         if msg.lora is not None:       # the adapter it names: held from here to its end
@@ -139,17 +134,14 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             if isinstance(lora, str):
                 self._end(seq, actor, Failed(msg.rid, lora))
                 return
-        if self.state is K.idle:
+        if self._can("admit"):
             self.fire("admit")
-        self.seqs[msg.rid] = seq
-        self.actors[msg.rid] = actor
+        self.queues.add(seq, actor)
         if not seq.is_probe:
             self.prompt_tokens += len(seq.prompt_ids)
-        self.arrivals += 1
-        seq.order = self.arrivals
         if lora is not None and not self._lora_hold_or_park(seq, lora):
             return                     # parked until its adapter's load is over
-        (self.probe_lane if seq.is_probe else self.lane).append(seq)
+        self.queues.enqueue(seq)
 
     # -- leaving -------------------------------------------------------------------------------
     def _end(self, seq: Any, actor: ActorRef | None, msg: Aborted | Failed) -> None:
@@ -162,48 +154,31 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
 
     def _drop(self, rid: str) -> ActorRef | None:
         """Forget a request; free its blocks now, or after the in-flight step if it is in it."""
-        seq = self.seqs.pop(rid, None)
-        actor = self.actors.pop(rid, None)
-        if seq is None:
+        gone = self.queues.remove(rid)
+        if gone is None:
             return None
-        if seq in self.running:
-            self.running.remove(seq)
-        elif not self.lane.discard(seq):
-            self.probe_lane.discard(seq)
-        if rid in self.inflight:
-            self._free_after_step.append(seq)
-        else:
-            self.bm.free(seq)
-            self.engine.release(seq)
-            self._lora_release(seq)
         if not self.seqs:
             self._settle()
             self._check_idle()
-        return actor
+        return gone[1]
+
+    def _released(self, seq: Any) -> None:
+        """What a leaving sequence gives back besides its blocks (the queues call it)."""
+        self.engine.release(seq)
+        self._lora_release(seq)
 
     def _settle(self) -> None:
         """No request left while no step runs: a window closes, ``pending -> idle``."""
-        if self.state is K.windowing:
+        if self._can("window_closed"):
             self._cancel_window()
             self.fire("window_closed")
-        if self.state is K.pending and not self.seqs:
+        if not self.seqs and self._can("empty"):
             self.fire("empty")
-
-    def _matches(self, msg: AbortRequest) -> list[str]:
-        if msg.abort_all:
-            return list(self.seqs)
-        if msg.lora is not None:       # the requests holding an adapter (an unload that aborts)
-            return [rid for rid, seq in self.seqs.items() if seq.lora is not None and seq.lora.name == msg.lora]
-        if not msg.rid:  # an empty rid never matches everything
-            return []
-        if msg.prefix:
-            return [rid for rid in self.seqs if rid.startswith(msg.rid)]
-        return [msg.rid] if msg.rid in self.seqs else []
 
     @handles(AbortRequest)
     def _abort(self, msg: AbortRequest) -> list[str]:
         """Abort the matching requests; answers their rids."""
-        rids = self._matches(msg)
+        rids = self.queues.matches(msg)
         for rid in rids:
             seq = self.seqs[rid]
             self._end(seq, self._drop(rid), Aborted(rid, msg.reason))
@@ -228,7 +203,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
 
     # -- stepping ------------------------------------------------------------------------------
     def on_drained(self) -> None:
-        if self.state is K.pending and not self._hold_for_batch():
+        if self._can("step") and not self._hold_for_batch():
             self._start_step()
 
     def _start_step(self, drain: bool = False) -> bool:
@@ -237,8 +212,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         while a memory tag is released (`scheduler_memory`): requests queue until the resume."""
         if self.released:
             return False
-        info = self.engine.info
-        self.policy.max_len = info.capacity
+        self.policy.max_len = self.engine.info.capacity
         plan = self.policy.plan(self.running, [] if drain else [self.probe_lane, self.lane], self.bm)
         rec = self.system.recorder if self.system is not None else None
         if plan.retracted:
@@ -246,8 +220,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
                 if rec is not None:           # why: the cause, and the priority it had
                     rec.note("sched", "retract", rid=seq.rid, data={"cause": cause, "priority": seq.priority})
                 self._tell(seq.rid, Retracted(seq.rid, cause))
-            self.lane.extendleft([s for s in plan.retracted if not s.is_probe])
-            self.probe_lane.extendleft([s for s in plan.retracted if s.is_probe])
+            self.queues.requeue(reversed(plan.retracted))
         for seq, cached in plan.admitted:
             seq.admitted = True
             self._tell(seq.rid, Scheduled(seq.rid, cached))
@@ -255,7 +228,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             if not drain:
                 self._fail_unfittable()
             return False
-        self.inflight = {seq.rid: seq for seq, _ in plan.batch}
+        self.queues.start(plan.batch)
         self.fire("drain_step" if drain else "step")
         self._run(plan.batch)
         return True
@@ -265,11 +238,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         self.step_id += 1
         rec = self.system.recorder if self.system is not None else None
         if rec is not None:
-            data = {"sched": self.name, "step": self.step_id, "batch": [[s.rid, n] for s, n in batch]}
-            drafts = {s.rid: list(s.draft) for s, _ in batch if s.draft}
-            if drafts:                      # what each speculating member's step verifies
-                data["draft"] = drafts
-            rec.note("step", "step", data=data)
+            rec.note("step", "step", data=step_note(self.name, self.step_id, batch))
         step = self.step_id
         self.step_version = self.weight_version     # its tokens are this version's (no load mid-step)
         run = self.runner or (self.system.run_in_thread if self.step_in_thread else self.system.run_inline)
@@ -280,56 +249,26 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         The recorder notes what the model answered, which re-execution plays back."""
         rec = self.system.recorder if self.system is not None else None
         if rec is not None:
-            out = None if err is not None else [_answer(o) for o in res or ()]
-            rec.input("step_end", data={
-                "sched": self.name, "step": step, "out": out,
-                "error": None if err is None else f"{type(err).__name__}: {err}"})
+            rec.input("step_end", data=step_end_note(self.name, step, res, err))
         return StepDone(step, batch, res, err)
 
     def _hold_for_batch(self) -> bool:
-        """With a batching window: a scheduler whose next step would be part-empty waits
-        `batch_wait_s` for more arrivals (``pending -> windowing``; throughput of small encoder
-        forwards). On a clock that runs by itself the timer counts as outstanding work for
-        `quiesce`; on a manual clock it waits for the clock to be moved, like any timer. Probes
-        never wait, and a full batch does not either."""
-        if not self.batch_wait_s or self.probe_lane or not self.lane:
+        """With a batching window (`batch_window`): a next step that would be part-empty waits
+        for more arrivals, ``pending -> windowing``."""
+        if not self.window.wanted(probes=len(self.probe_lane), waiting=len(self.lane), running=len(self.running),
+                                  max_seqs=self.policy.config.max_num_seqs):
             return False
-        if self.running or len(self.lane) >= self.policy.config.max_num_seqs:
-            return False
-        sysm = self.system
-        assert sysm is not None
-        counted = self._window_busy
-        if counted:
-            sysm._inc()
-
-        def close() -> None:
-            self._window = None        # fired: nothing to cancel any more
-            if self.alive:
-                self.tell(BatchWindowClosed())
-            if counted:
-                sysm._dec()
-
-        self._window = sysm.call_later(self.batch_wait_s, close, f"{self.name}:batch_window")
+        self.window.open(self)
         self.fire("window")
         return True
 
     def _cancel_window(self) -> None:
         """Cancel an open window's timer (the caller fires ``window_closed``)."""
-        if self._window is not None:
-            self._window.cancel()
-            self._window = None
-            if self._window_busy:
-                assert self.system is not None
-                self.system._dec()
-
-    @property
-    def _window_busy(self) -> bool:
-        """An open window counts for `quiesce` only on a clock that fires it by itself."""
-        return getattr(self.system.clock, "runs_by_itself", True) if self.system is not None else False
+        self.window.cancel(self)
 
     @handles(BatchWindowClosed)
     def _window_done(self, msg: BatchWindowClosed) -> None:
-        if self.state is K.windowing:     # else it was cancelled meanwhile (pause, empty)
+        if self._can("window_closed"):     # else it was cancelled meanwhile (pause, empty)
             self.fire("window_closed")
             self._start_step()
 
@@ -345,41 +284,39 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
                 return
 
     def _live(self, seq: Any) -> bool:
-        return self.seqs.get(seq.rid) is seq
+        return self.queues.live(seq)
 
     @handles(StepDone)
     def _step_done(self, msg: StepDone) -> None:
+        """The model step came back: isolate a failure, advance every member, apply the
+        verdicts, and hand the step's tokens to the output stage (or end the step)."""
         self.steps_done += 1
-        batch, outputs, error = msg.batch, msg.outputs, msg.error
-        if error is not None or self._isolation is not None:
-            done = self._isolate(msg)
-            if done is None:
+        if msg.error is not None or self.state in _ISOLATING:
+            msg = self.isolator.step_back(msg, self.name, self._hooks())
+            if msg is None:
                 return                      # a re-run is in flight
-            batch, outputs, error = done
         items: list[TokenOut] = []
-        if error is not None:
-            err = f"model step failed: {type(error).__name__}: {error}"
-            for seq, _ in batch:
+        if msg.error is not None:
+            err = f"model step failed: {type(msg.error).__name__}: {msg.error}"
+            for seq, _ in msg.batch:
                 if self._live(seq):
                     self._end(seq, self._drop(seq.rid), Failed(seq.rid, err))
         else:
-            counts = {id(seq): n for seq, n in batch}
-            for out in outputs or ():
+            counts = {id(seq): n for seq, n in msg.batch}
+            for out in msg.outputs or ():
                 seq = out.seq
-                if self.seqs.get(seq.rid) is not seq:
-                    continue  # aborted or released while the step ran
+                if not self._live(seq):
+                    continue                # aborted or released while the step ran
                 # a verified draft: the KV of the last token and of the accepted drafts is good
                 seq.num_computed += 1 + len(out.extra) if seq.draft else counts[id(seq)]
                 self.bm.commit(seq)
-                self._routed(seq, out, items)
-        for seq, _ in batch:
-            seq.draft = []
-        self.inflight = {}
-        for seq in self._free_after_step:
-            self.bm.free(seq)
-            self.engine.release(seq)
-            self._lora_release(seq)
-        self._free_after_step.clear()
+                if seq.draft:
+                    self.spec_steps += 1
+                    self.spec_draft_tokens += len(seq.draft)
+                    self.spec_accepted_tokens += len(out.extra)
+                for verdict in decide(seq, out, self.engine.info, self.step_version):
+                    self._apply(seq, verdict, items)
+        self.queues.step_over(msg.batch)
         if not items:
             self._end_step(())
             return
@@ -387,8 +324,29 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         self.system.pipe(self.stage.ask(StepOutputs(msg.step, tuple(items))), self,
                          wrap=outputs_done(msg.step))
 
-    def _isolate(self, msg: StepDone) -> tuple[list[Any], list[Any] | None, BaseException | None] | None:
-        return step_failed_or_rerun(self, msg)
+    def _apply(self, seq: Any, verdict: Any, items: list[TokenOut]) -> None:
+        """Apply one of `step_outputs.decide`'s verdicts on a member."""
+        kind, value = verdict
+        rid = seq.rid
+        if kind is V.progress:
+            self._tell(rid, PrefillProgress(rid, seq.num_computed))
+        elif kind is V.pooled:
+            actor = self._drop(rid)
+            if actor is not None and actor.alive:
+                actor.tell(PoolOut(rid, value))
+        elif kind is V.fail:
+            self._end(seq, self._drop(rid), Failed(rid, value))
+        else:                               # a token, for the output stage (which counts it)
+            if value.finish_reason is not None:
+                self._drop(rid)             # its KV is free before the next plan
+            items.append(value)
+
+    def _hooks(self) -> Hooks:
+        """What the isolation of a failed step may do here."""
+        rec = self.system.recorder if self.system is not None else None
+        return Hooks(live=self._live, rerun=self._run, fire=self.fire,
+                     note=rec.note if rec is not None else (lambda *a, **k: None),
+                     fail=lambda seq, err: self._end(seq, self._drop(seq.rid), Failed(seq.rid, err)))
 
     @handles(OutputsDone)
     def _outputs_done(self, msg: OutputsDone) -> None:
@@ -400,7 +358,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
                     actor = self._drop(rid)
                     if actor is not None and actor.alive:
                         actor.tell(Failed(rid, err))
-        self.generated_tokens -= msg.dropped     # counted as routed; the stage did not output them
+        self.generated_tokens += msg.output      # what reached its requests (probes' left out)
         self._end_step(msg.stopped + msg.failed)
 
     def _end_step(self, stopped: tuple[str, ...]) -> None:
@@ -419,66 +377,9 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         if actor is not None and actor.alive:
             actor.tell(message)
 
-    def _routed(self, seq: Any, out: Any, items: list[TokenOut]) -> None:
-        """Route a member's output, and a speculating member's further accepted tokens one by
-        one while it goes on (a finish among them drops the rest)."""
-        spec = (len(seq.draft), len(out.extra)) if seq.draft else None
-        if spec is not None:
-            self.spec_steps += 1
-            self.spec_draft_tokens += spec[0]
-            self.spec_accepted_tokens += spec[1]
-        item = self._route(seq, out, spec)
-        if item is not None:
-            items.append(item)
-        for more in out.extra:
-            if not self._live(seq) or item is None or item.finish_reason is not None:
-                break
-            item = self._route(seq, more)
-            if item is not None:
-                items.append(item)
-
-    def _route(self, seq: Any, out: Any, spec: tuple[int, int] | None = None) -> TokenOut | None:
-        """One member's output: pooled values and prefill progress go to the request actor;
-        a token goes to the output stage (returned), with the scheduler's own verdict."""
-        actor = self.actors[seq.rid]
-        if seq.pooling is not None:
-            if out.pooled is None:
-                self._tell(seq.rid, PrefillProgress(seq.rid, seq.num_computed))
-            else:
-                self._drop(seq.rid)
-                if actor.alive:
-                    actor.tell(PoolOut(seq.rid, out.pooled))
-            return None
-        if out.token_id is None:
-            self._tell(seq.rid, PrefillProgress(seq.rid, seq.num_computed))
-            return None
-        tok = out.token_id
-        if out.error is not None:        # the engine's verdict on this request alone
-            self._end(seq, self._drop(seq.rid), Failed(seq.rid, out.error))
-            return None
-        seq.output_ids.append(tok)
-        if not seq.is_probe:
-            self.generated_tokens += 1
-        reason = self._finish_reason(seq, tok, out.stop)
-        if reason is not None:
-            self._drop(seq.rid)
-        return TokenOut(seq.rid, tok, out.logprob, out.top_logprobs, reason, out.ids_logprobs,
-                         out.prompt_logprobs, spec, self.step_version)
-
-    def _finish_reason(self, seq: Any, tok: int, grammar_done: bool = False) -> str | None:
-        sp = seq.sampling
-        info = self.engine.info
-        if grammar_done or tok in sp.stop_token_ids or (not sp.ignore_eos and tok in info.eos_token_ids):
-            return "stop"
-        if len(seq.output_ids) >= sp.max_new_tokens:
-            return "length"
-        if seq.num_tokens >= info.capacity:
-            return "length"
-        return None
-
     @handles(ProgressQuery)
     def _progress(self, msg: ProgressQuery) -> Progress:
-        stepping = self.state in (K.stepping, K.pausing)
+        stepping = self.state in STEP_IN_FLIGHT
         pending = stepping or (bool(self.seqs) and self.paused_mode is None and not self.released)
         return Progress(self.steps_done, pending, len(self.seqs))
 

@@ -36,8 +36,10 @@ scheduler actor itself, so the diagram, the recording and the code agree:
   `WhenIdle` and flushes again when the answer comes. `WhenIdle` is answered the moment the
   scheduler has no request and no step (a waiting flush, a drain).
 
-`SchedulerControl` is the scheduler actor's base class; the state it reads (queues, block
-manager, the step in flight) belongs to `SchedulerActor`.
+`SchedulerControl` is the scheduler actor's base class; the state it reads (the `Queues` part,
+the block manager, the step in flight) belongs to `SchedulerActor`. Its guards ask the
+SCHEDULER table (`_can`): a pause is deferred where ``defer_pause`` leaves the state (a step or
+an isolation in flight), refused as pending where ``cancel_pause`` does.
 """
 
 from __future__ import annotations
@@ -49,16 +51,16 @@ from ..messages import (
     AbortRequest, Continue, ControlResult, Flush, GetWeightsByName, LoadWeights, Pause, Paused, Resumed,
     Retracted, SetWeightVersion, WeightsApplied, WhenIdle,
 )
-from ..statemachines import PAUSE_MODES, PAUSED_MODE, SCHEDULER, SchedulerState
-from .actor import Actor, handles
+from ..statemachines import PAUSE_MODES, PAUSED_MODE, SCHEDULER, STEP_IN_FLIGHT, SchedulerState
+from .actor import handles
 from .scheduler_lora import SchedulerLora
 
-K = SchedulerState
 
 
 class SchedulerControl(SchedulerLora):
     # owned by SchedulerActor
     state: SchedulerState
+    queues: Any             # its `Queues` (queues.py): `running`, `lane`, `seqs` below are the part's
     running: list[Any]
     lane: Any               # a `Lane`
     seqs: dict[str, Any]
@@ -80,6 +82,11 @@ class SchedulerControl(SchedulerLora):
         rec = self.system.recorder if self.system is not None else None
         SCHEDULER.fire(self, event, observer=rec)
 
+    def _can(self, event: str) -> bool:
+        """Whether the lifecycle's table lets `event` leave the current state: the guard is
+        the diagram's edge, not a list of states repeated here."""
+        return SCHEDULER.can(self.state, event)
+
     @property
     def paused_mode(self) -> str | None:
         return PAUSED_MODE.get(self.state)
@@ -87,7 +94,7 @@ class SchedulerControl(SchedulerLora):
     @property
     def idle(self) -> bool:
         """No request and no step in flight (paused or not)."""
-        return not self.seqs and self.state not in (K.stepping, K.pausing)
+        return not self.seqs and self.state not in STEP_IN_FLIGHT
 
     # -- pause / continue ----------------------------------------------------------------------
     @handles(Pause)
@@ -96,15 +103,15 @@ class SchedulerControl(SchedulerLora):
             return ControlResult(False, f"unknown pause mode {msg.mode!r}; use one of {PAUSE_MODES + ('wait',)}")
         if self.paused_mode is not None:
             return ControlResult(False, f"already paused ({self.paused_mode}); continue first")
-        if self.state is K.pausing:
+        if self._can("cancel_pause"):
             return ControlResult(False, "a pause is already pending")
-        if self.state is K.stepping:  # take effect at the step boundary
+        if self._can("defer_pause"):  # a step is in flight: take effect at its boundary
             fut = asyncio.get_running_loop().create_future()
             self._pending_pause = (msg.mode, fut)
             self.fire("defer_pause")
             return fut
         if msg.mode == "wait" and self.running:   # between steps: drain from here
-            if self.state is K.windowing:
+            if self._can("window_closed"):
                 self._cancel_window()
                 self.fire("window_closed")
             fut = asyncio.get_running_loop().create_future()
@@ -134,7 +141,7 @@ class SchedulerControl(SchedulerLora):
         asked = mode
         if mode == "wait":                 # drained: nothing runs; the queue waits for continue
             mode = "retract"
-        if self.state is K.windowing:      # the window ends: nothing will be stepped now
+        if self._can("window_closed"):      # the window ends: nothing will be stepped now
             self._cancel_window()
             self.fire("window_closed")
         n = len(self.running)
@@ -146,7 +153,7 @@ class SchedulerControl(SchedulerLora):
             for seq in self.running:
                 self.bm.free(seq)
                 self._tell(seq.rid, Retracted(seq.rid, "pause"))
-            self.lane.extendleft(reversed(self.running))
+            self.queues.requeue(self.running)   # a probe back to the probe lane, the rest to theirs
             self.running.clear()
         elif mode == "in_place":  # a pooling forward has no paused state: it just is not stepped
             for seq in self.running:
@@ -159,7 +166,7 @@ class SchedulerControl(SchedulerLora):
 
     @handles(Continue)
     def _continue(self, msg: Continue) -> ControlResult:
-        if self.state is K.pausing:  # not applied yet: cancel it, nothing to resume
+        if self._can("cancel_pause"):  # not applied yet: cancel it, nothing to resume
             assert self._pending_pause is not None
             _, fut = self._pending_pause
             self._pending_pause = None
@@ -190,9 +197,9 @@ class SchedulerControl(SchedulerLora):
     # -- flush and idle ------------------------------------------------------------------------
     @handles(Flush)
     def _flush(self, msg: Flush) -> ControlResult:
-        if self.state is K.paused_in_place:
+        if self.paused_mode == "in_place":
             return ControlResult(False, "cannot flush while paused in_place: the KV is kept")
-        if self.running or self.state in (K.stepping, K.pausing):
+        if self.running or self.state in STEP_IN_FLIGHT:
             return ControlResult(False, f"engine busy: {len(self.running)} requests hold KV",
                                  {"busy": len(self.running)})
         n = self.bm.flush()          # queued requests hold no KV: they match prefixes when admitted
@@ -202,7 +209,7 @@ class SchedulerControl(SchedulerLora):
     @handles(LoadWeights)
     def _load_weights(self, msg: LoadWeights) -> Any:
         from ..engine import refit
-        if self.state in (K.stepping, K.pausing) or self.running:
+        if self.state in STEP_IN_FLIGHT or self.running:
             return ControlResult(False, f"engine busy: {len(self.running)} requests hold KV",
                                  {"busy": len(self.running)})
         if self._loading is not None:

@@ -268,7 +268,7 @@ class SchedulerLora(Actor):
                                         "it is loaded", {"status": 400, "lora_name": msg.name})
         fut = asyncio.get_running_loop().create_future()
         m.unload_waiters.append(fut)
-        if m.state is L.ready:
+        if LORA.can(m.state, "unload"):      # else unloading already: it waits with the others
             self._lora_fire(m, "unload")
             self._lora_try_unload(m)
         return fut

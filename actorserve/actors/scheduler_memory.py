@@ -24,10 +24,9 @@ from typing import Any
 
 from ..messages import ControlResult
 from ..messages_memory import FreeMemory, MemoryApplied, RestoreMemory
-from ..statemachines import SchedulerState
+from ..statemachines import STEP_IN_FLIGHT, SchedulerState
 from .actor import Actor, handles
 
-K = SchedulerState
 KV, WEIGHTS = "kv_cache", "weights"
 
 
@@ -86,7 +85,7 @@ class SchedulerMemory(Actor):
     def _free_memory(self, msg: FreeMemory) -> Any:
         if self._memory_op is not None or self._loading is not None:
             return ControlResult(False, "another memory release, resume or weight copy is under way")
-        if self.state in (K.stepping, K.pausing) or self.running:
+        if self.state in STEP_IN_FLIGHT or self.running:
             return ControlResult(False, f"cannot release memory while {len(self.running)} request(s) hold KV: "
                                         "pause_generation with mode abort or retract first, or wait until "
                                         "they finish", {"busy": len(self.running)})

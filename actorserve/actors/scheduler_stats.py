@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..statemachines import SchedulerState
+from ..statemachines import STEP_IN_FLIGHT
 
-K = SchedulerState
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +50,12 @@ def stats_of(sched: Any) -> SchedulerStats:
     kv = sched.bm.stats()
     return SchedulerStats(
         state=sched.state.name, waiting=len(sched.lane) + len(sched.probe_lane), running=len(sched.running),
-        paused_mode=sched.paused_mode, step_in_flight=sched.state in (K.stepping, K.pausing),
+        paused_mode=sched.paused_mode, step_in_flight=sched.state in STEP_IN_FLIGHT,
         steps=sched.step_id, live_requests=len(sched.seqs), kv_used_blocks=kv.used_blocks,
         kv_free_blocks=kv.free_blocks, kv_cached_blocks=kv.cached_free_blocks,
         kv_usage=kv.usage, prefix_hit_rate=kv.hit_rate,
         generated_tokens=sched.generated_tokens, prompt_tokens=sched.prompt_tokens,
-        isolations=sched.isolations, isolated_failures=sched.isolated_failures,
+        isolations=sched.isolator.isolations, isolated_failures=sched.isolator.isolated_failures,
         preemptions=getattr(sched.policy, "preemptions", 0), pause_retractions=sched.pause_retractions,
         prefix_queries=kv.prefix_queries_total, prefix_hits=kv.prefix_hits_total,
         spec_steps=getattr(sched, "spec_steps", 0), spec_draft_tokens=getattr(sched, "spec_draft_tokens", 0),

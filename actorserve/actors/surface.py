@@ -37,8 +37,8 @@ class RequestHandle(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class ServerSnapshot:
     """The server's regions as plain data, read at one moment."""
-    state: str                  # the SERVER state: starting, serving, paused_<mode>, draining, stopped
-    pause_mode: str | None
+    state: str                  # the SERVER state: starting, serving, draining, stopped
+    pause_mode: str | None      # the generation scheduler's pause (its paused_<mode>), in any server state
     reason: str                 # why the run phase last changed (drain: signal, shutdown)
     health: str                 # the HEALTH state: healthy | unhealthy
     health_reason: str

@@ -57,7 +57,7 @@ class WeightsControl(Actor):
     open: dict[str, Any]
     # re-execution's holder of an update's read, called (rid, msg, wrap); None: a worker thread
     weights_reader: Any = None
-    # and its `_new`, `_end`, `_wait`, `_ask`, `_ask_idle`, `_abort`, `_rec`, `_memory_refusal` (memory_control)
+    # and its `pause_mode` (the scheduler's), `_new`, `_end`, `_wait`, `_ask`, `_ask_idle`, `_abort`, `_rec`, `_memory_refusal` (memory_control)
 
     def _weights_fire(self, event: str) -> None:
         WEIGHTS.fire(self.weights, event, observer=self._rec)
@@ -86,7 +86,7 @@ class WeightsControl(Actor):
         if self.server.state in (ServerState.draining, ServerState.stopped):
             return self._end(rec, ControlResult(False, f"cannot update the weights while the server is "
                                                        f"{self.server.state.name}"))
-        if self.server.state is ServerState.paused_in_place:   # it would wait for a continue forever
+        if self.pause_mode == "in_place":   # it would wait for a continue forever
             return self._end(rec, ControlResult(False, "cannot update the weights while paused in_place: "
                                                        "the parked requests hold KV of the old weights; "
                                                        "pause with abort or retract, or continue first"))

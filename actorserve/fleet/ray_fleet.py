@@ -39,7 +39,7 @@ from typing import IO, Any, Callable
 import aiohttp
 
 from ..omp import OMP_ENV
-from .supervisor import Replica, ReplicaState, RouterFleet, _spawn, free_port, router_argv
+from .supervisor import Replica, ReplicaState, RouterFleet, _spawn, fire, free_port, router_argv
 
 POLL_S = 0.5
 CALL_TIMEOUT_S = 2.0
@@ -151,7 +151,8 @@ class RayFleet(RouterFleet):
         for r in self.replicas:
             r.handle = remote.remote(r.argv, r.name)
             r.placement = {"CPU": self.cpus, "GPU": self.gpus}
-            r.state, r.started_at = ReplicaState.starting, time.monotonic()
+            fire(r, "launch")
+            r.started_at = time.monotonic()
         end = time.monotonic() + self.ready_timeout_s
         while len(self.live()) < len(self.replicas):
             await self.poll_once()
@@ -239,7 +240,8 @@ class RayFleet(RouterFleet):
             if info["incarnation"] != r.incarnation:
                 await self._arrived(r, info)
             elif r.state is ReplicaState.starting and r.worker_id in healthy:
-                r.state, r.ready_at = ReplicaState.ready, time.monotonic()
+                fire(r, "ready")
+                r.ready_at = time.monotonic()
 
     async def _info(self, r: RayReplica) -> dict[str, Any] | None:
         try:
@@ -250,7 +252,8 @@ class RayFleet(RouterFleet):
 
     async def _lost(self, r: RayReplica) -> None:
         """Stopped answering: out of the router now; Ray restarts the actor."""
-        r.state, r.died_at = ReplicaState.dead, time.monotonic()
+        fire(r, "die")
+        r.died_at = time.monotonic()
         for cb in self.on_restart:
             cb(r)
         await self._unregister(r)
@@ -266,7 +269,8 @@ class RayFleet(RouterFleet):
         r.host, r.port = host_port.rsplit(":", 1)[0], int(host_port.rsplit(":", 1)[1])
         r.incarnation, r.pid = info["incarnation"], info["pid"]
         r.node_id, r.actor_id = info["node_id"], info["actor_id"]
-        r.state, r.ready_at = ReplicaState.starting, None
+        fire(r, "launch")
+        r.ready_at = None
         assert self._http is not None
         try:
             async with self._http.post(self.router_url + "/workers", json={"url": r.url}) as resp:
@@ -301,7 +305,7 @@ class RayFleet(RouterFleet):
             for h in handles:
                 ray.kill(h, no_restart=True)
         for r in self.replicas:
-            r.state = ReplicaState.stopped
+            fire(r, "stop")
         await self._stop_router()
         if ray.is_initialized():
             ray.shutdown()

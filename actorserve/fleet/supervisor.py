@@ -7,8 +7,10 @@ health-checks every worker each second, takes the same URL back into rotation by
 re-registration is needed. A replica that stayed up for `STABLE_S` seconds has its backoff
 reset.
 
-States of a replica are few and explicit (`ReplicaState`): ``starting`` (process up, not yet
-answering ``/health``), ``ready``, ``dead`` (exited; waiting out its backoff), ``stopped``.
+States of a replica are few and explicit, the REPLICA lifecycle (`statemachines.replica`, drawn
+in docs/lifecycles.md): ``starting`` (process up, not yet answering ``/health``), ``ready``,
+``dead`` (exited; waiting out its backoff), ``stopped``; only that machine writes a replica's
+state (`fire`).
 `Fleet.stop` drains: SIGTERM to every replica (each drains its in-flight requests, see
 `http.server`), wait up to `grace_s`, then SIGKILL what is left; the router last.
 """
@@ -16,7 +18,6 @@ answering ``/health``), ``ready``, ``dead`` (exited; waiting out its backoff), `
 from __future__ import annotations
 
 import asyncio
-import enum
 import os
 import signal
 import socket
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import IO, Callable
 
 from ..omp import OMP_ENV
+from ..statemachines import REPLICA, ReplicaState
 
 import aiohttp
 
@@ -40,11 +42,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class ReplicaState(enum.Enum):
-    starting = "starting"
-    ready = "ready"
-    dead = "dead"
-    stopped = "stopped"
+def fire(r: "Replica", event: str) -> None:
+    """Move a replica through its lifecycle (an event its state does not allow raises)."""
+    REPLICA.fire(r, event)
 
 
 @dataclass(slots=True)
@@ -172,7 +172,8 @@ class Fleet(RouterFleet):
 
     def _launch(self, r: Replica) -> None:
         r.proc = _spawn(r.argv, self.log)
-        r.state, r.started_at, r.ready_at = ReplicaState.starting, time.monotonic(), None
+        fire(r, "launch")
+        r.started_at, r.ready_at = time.monotonic(), None
 
     async def _healthy(self, url: str) -> bool:
         assert self._http is not None
@@ -191,7 +192,8 @@ class Fleet(RouterFleet):
             if time.monotonic() > end:
                 raise RuntimeError(f"replica {r.index} not ready after {self.ready_timeout_s:g}s")
             await asyncio.sleep(0.2)
-        r.state, r.ready_at = ReplicaState.ready, time.monotonic()
+        fire(r, "ready")
+        r.ready_at = time.monotonic()
 
     async def _await_router(self) -> None:
         assert self._http is not None
@@ -215,8 +217,9 @@ class Fleet(RouterFleet):
         """Restart replicas that die, each after its backoff; runs until `stop`."""
         while not self._stopping:
             for r in self.replicas:
-                if r.state in (ReplicaState.starting, ReplicaState.ready) and r.proc and r.proc.poll() is not None:
-                    r.state, r.died_at = ReplicaState.dead, time.monotonic()
+                if REPLICA.can(r.state, "die") and r.proc and r.proc.poll() is not None:
+                    fire(r, "die")
+                    r.died_at = time.monotonic()
                     if r.ready_at is not None and r.died_at - r.ready_at > STABLE_S:
                         r.backoff.failures = 0
                     asyncio.ensure_future(self._restart(r, r.backoff.next()))
@@ -249,5 +252,5 @@ class Fleet(RouterFleet):
             _signal_group(r.proc, signal.SIGKILL)
             if r.proc is not None:
                 r.proc.wait()
-            r.state = ReplicaState.stopped
+            fire(r, "stop")
         await self._stop_router()

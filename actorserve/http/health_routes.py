@@ -104,7 +104,7 @@ async def health_generate(request: web.Request) -> web.Response:
         state = snap.state
         if ok and snap.health == "unhealthy":             # the watchdog saw a stall meanwhile
             ok, why = False, snap.health_reason or "server is unhealthy"
-        elif ok and not (state == "serving" or snap.paused):   # draining meanwhile
+        elif ok and state != "serving":                 # draining meanwhile (a pause leaves it serving)
             ok, why = False, snap.reason or f"server is {state}"
     finally:
         rt.health_done(record, ok, why)

@@ -229,7 +229,7 @@ async def get_load(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     snap = request.app[CTX].runtime.snapshot()
-    ok = (snap.state == "serving" or snap.paused) and snap.health == "healthy"
+    ok = snap.state == "serving" and snap.health == "healthy"      # paused or not: the pause is the scheduler's
     return web.json_response({"status": "ok" if ok else "unavailable", "server_state": snap.state,
                               "health": snap.health}, status=200 if ok else 503)
 

@@ -28,7 +28,7 @@ STATE_COLORS: dict[str, str] = {
     "stopped": "#475569", "healthy": "#5eead4", "unhealthy": "#b91c1c",
     # scheduler actors
     "idle": "#e2e8f0", "pending": "#bae6fd", "windowing": "#99f6e4", "stepping": "#0284c7",
-    "pausing": "#e879f9",
+    "pausing": "#e879f9", "isolating": "#1d4ed8", "isolating_pausing": "#c026d3",
     # sessions
     "open": "#a3e635", "closing": "#f0abfc", "closed": "#64748b",
     # stored responses (/v1/responses)
@@ -41,6 +41,8 @@ STATE_COLORS: dict[str, str] = {
     "resuming": "#f87088",
     # LoRA adapters (failed as above)
     "loading": "#68e8f8", "ready": "#20c860", "unloading": "#f068b8", "unloaded": "#303858",
+    # a fleet's replicas (starting, ready, stopped as above)
+    "dead": "#78350f",
 }
 UNKNOWN = "#9ca3af"
 

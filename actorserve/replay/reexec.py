@@ -36,6 +36,7 @@ from ..config import SchedulerConfig
 from ..engine.batching import BatchConfig, BatchPolicy
 from ..engine.params import PoolingParams, SamplingParams
 from ..statemachines import LIFECYCLES
+from .check import legacy
 from .recorder import Event, FlightRecorder
 from .reexec_weights import OPS as WEIGHT_OPS, WeightsPlayback, compare_versions
 from .reexec_lora import OPS as LORA_OPS, LoraPlayback
@@ -401,7 +402,9 @@ def compare(recorded: list[Event], replayed: list[Event], report: ReexecReport,
                 report.step_diffs.append(StepDiff(sched, i + 1, ra[0] if ra else None,
                                                   ra[1] if ra else None, rb[1] if rb else None))
                 break
-    rh, ph = histories_of(recorded), histories_of(replayed)
+    # a recording made before a rename is compared as today's machines name it (check.legacy)
+    rh = histories_of(e for e in map(legacy, recorded) if e is not None)
+    ph = histories_of(replayed)
     report.instances = len(rh)
     diffs = []
     for key in set(rh) | set(ph):

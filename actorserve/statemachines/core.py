@@ -110,6 +110,7 @@ class Lifecycle:
     definition_hash: str = field(init=False, compare=False)
     _events: dict = field(init=False, repr=False, compare=False)
     _direct: dict = field(init=False, repr=False, compare=False)
+    _rows: frozenset = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for edge in self.edges:
@@ -146,6 +147,7 @@ class Lifecycle:
             for src in edge.sources:
                 direct.setdefault((src, edge.event), None if edge.condition else edge.dest)
         object.__setattr__(self, "_direct", {k: v for k, v in direct.items() if v is not None})
+        object.__setattr__(self, "_rows", frozenset((src, e.event) for e in self.edges for src in e.sources))
         object.__setattr__(self, "definition_hash", _definition_hash(self))
 
     # -- queries -----------------------------------------------------------------------------
@@ -159,6 +161,12 @@ class Lifecycle:
     def allowed(self, state: enum.Enum) -> tuple[str, ...]:
         """Events that have at least one row leaving `state` (conditions not evaluated)."""
         return tuple(dict.fromkeys(e.event for e in self.edges if state in e.sources))
+
+    def can(self, state: enum.Enum, event: str) -> bool:
+        """Whether the table has a row for `event` leaving `state` (conditions not evaluated).
+        A handler asks this instead of repeating the table's sources in an ``if state is ...``
+        guard, so the guard is the diagram's edge."""
+        return (state, event) in self._rows
 
     def targets(self, event: str, state: enum.Enum) -> tuple[enum.Enum, ...]:
         """Possible destinations of `event` from `state`, in table order."""

@@ -8,7 +8,8 @@ Requests do not all walk the generate path. After one shared entry they fork:
 
 and the long-lived actors have theirs:
 
-* server      ``starting -> serving <-> paused_{abort,retract,in_place} -> draining -> stopped``;
+* server      ``starting -> serving -> draining -> stopped`` (its run phase; whether generation is
+              paused is the scheduler's machine alone, never a copy here);
 * health      ``healthy <-> unhealthy``: the server's second, orthogonal region (the watchdog's
               verdict), so a server can be unhealthy while paused, draining or serving;
 * scheduler   ``idle -> pending -> [windowing ->] stepping -> ...``, ``pausing`` while a pause waits
@@ -26,8 +27,10 @@ and the long-lived actors have theirs:
 Every live request state can end in ``aborted`` or ``failed``. Pause ``in_place`` parks a
 running request in ``paused`` with its KV; the scheduler's ``Resumed`` says whether its prompt
 is fully computed, and ``resume_decode`` / ``resume_prefill`` return it there. Pause
-``retract`` (or KV pressure) frees the KV: ``retracted -> queued``, recomputed later. A
-pooling request caught mid-forward by a retract goes straight back to ``queued``.
+``retract`` (or KV pressure, or a better-ranked request) frees the KV: ``retract`` takes the
+request straight back to ``queued`` (the scheduler puts it back in its lane in the same turn,
+so no state lies between), recomputed when it is scheduled again; a pooling request caught
+mid-forward the same way.
 
 A generation request is in ``detok`` from the moment its last token is known (the scheduler saw
 EOS or the length limit, or the output stage found a stop string) until its client has taken
@@ -47,7 +50,6 @@ class GenState(enum.Enum):
     prefill = "prefill"
     decode = "decode"
     paused = "paused"
-    retracted = "retracted"
     detok = "detok"
     done = "done"
     aborted = "aborted"
@@ -73,9 +75,6 @@ class ControlState(enum.Enum):
 class ServerState(enum.Enum):
     starting = "starting"
     serving = "serving"
-    paused_abort = "paused_abort"
-    paused_retract = "paused_retract"
-    paused_in_place = "paused_in_place"
     draining = "draining"
     stopped = "stopped"
 
@@ -91,6 +90,8 @@ class SchedulerState(enum.Enum):
     windowing = "windowing"
     stepping = "stepping"
     pausing = "pausing"
+    isolating = "isolating"
+    isolating_pausing = "isolating_pausing"
     paused_abort = "paused_abort"
     paused_retract = "paused_retract"
     paused_in_place = "paused_in_place"
@@ -98,11 +99,8 @@ class SchedulerState(enum.Enum):
 
 
 PAUSE_MODES = ("abort", "retract", "in_place")
-#: the pause mode a paused state stands for (server and scheduler alike)
-PAUSED_MODE: dict[enum.Enum, str] = {
-    **{ServerState[f"paused_{m}"]: m for m in PAUSE_MODES},
-    **{SchedulerState[f"paused_{m}"]: m for m in PAUSE_MODES},
-}
+#: the pause mode a paused state stands for: pause lives in the SCHEDULER machine only
+PAUSED_MODE: dict[enum.Enum, str] = {SchedulerState[f"paused_{m}"]: m for m in PAUSE_MODES}
 
 
 class SessionState(enum.Enum):
@@ -137,7 +135,7 @@ class ResponseState(enum.Enum):
 
 
 G = GenState
-_G_LIVE = (G.queued, G.prefill, G.decode, G.paused, G.retracted, G.detok)
+_G_LIVE = (G.queued, G.prefill, G.decode, G.paused, G.detok)
 
 GENERATION = Lifecycle(
     name="generation",
@@ -153,8 +151,7 @@ GENERATION = Lifecycle(
         Edge("pause", (G.prefill, G.decode), G.paused),
         Edge("resume_decode", (G.paused,), G.decode),
         Edge("resume_prefill", (G.paused,), G.prefill),
-        Edge("retract", (G.prefill, G.decode, G.paused), G.retracted),
-        Edge("requeue", (G.retracted,), G.queued),
+        Edge("retract", (G.prefill, G.decode, G.paused), G.queued),   # KV freed: recomputed later
         Edge("abort", _G_LIVE, G.aborted),
         Edge("fail", _G_LIVE, G.failed),
     ),
@@ -197,7 +194,6 @@ CONTROL = Lifecycle(
 )
 
 S = ServerState
-_S_PAUSED = (S.paused_abort, S.paused_retract, S.paused_in_place)
 
 SERVER = Lifecycle(
     name="server",
@@ -206,14 +202,11 @@ SERVER = Lifecycle(
     terminal=frozenset({S.stopped}),
     edges=(
         Edge("ready", (S.starting,), S.serving),
-        Edge("pause_abort", (S.serving,), S.paused_abort),
-        Edge("pause_retract", (S.serving,), S.paused_retract),
-        Edge("pause_in_place", (S.serving,), S.paused_in_place),
-        Edge("resume", _S_PAUSED, S.serving),
-        Edge("drain", (S.starting, S.serving, *_S_PAUSED), S.draining),
+        Edge("drain", (S.starting, S.serving), S.draining),
         Edge("stop", (S.starting, S.draining), S.stopped),
     ),
-    doc="The whole server's run phase; its health is the orthogonal `health` lifecycle.",
+    doc="The whole server's run phase; its health is the orthogonal `health` lifecycle, and "
+        "whether generation is paused is the scheduler's (paused_<mode>), not a copy here.",
 )
 
 H = HealthState
@@ -233,6 +226,8 @@ HEALTH = Lifecycle(
 K = SchedulerState
 _K_PAUSED = (K.paused_abort, K.paused_retract, K.paused_in_place)
 _K_OPEN = (K.idle, K.pending)     # no step in flight, no window open, not paused
+#: a model step (or an isolation's re-run) is in flight: the KV it reads must stay put
+STEP_IN_FLIGHT = frozenset({K.stepping, K.pausing, K.isolating, K.isolating_pausing})
 
 SCHEDULER = Lifecycle(
     name="scheduler",
@@ -246,10 +241,16 @@ SCHEDULER = Lifecycle(
         Edge("window_closed", (K.windowing,), K.pending),
         Edge("step", (K.pending,), K.stepping),
         Edge("step_done", (K.stepping, K.pausing), K.pending),
-        Edge("isolate", (K.stepping,), K.stepping),      # a failed step's members re-run in halves
-        Edge("isolate", (K.pausing,), K.pausing),
+        # a failed step's members re-run in halves until the culprits are known (isolation.py);
+        # a pause that arrives meanwhile waits as it does for a step
+        Edge("isolate", (K.stepping,), K.isolating),
+        Edge("isolate", (K.pausing,), K.isolating_pausing),
+        Edge("isolated", (K.isolating,), K.stepping),
+        Edge("isolated", (K.isolating_pausing,), K.pausing),
         Edge("defer_pause", (K.stepping,), K.pausing),
+        Edge("defer_pause", (K.isolating,), K.isolating_pausing),
         Edge("cancel_pause", (K.pausing,), K.stepping),
+        Edge("cancel_pause", (K.isolating_pausing,), K.isolating),
         Edge("drain_step", (K.pending,), K.pausing),     # pause(wait): a step of running requests only
         Edge("pause_abort", _K_OPEN, K.paused_abort),
         Edge("pause_retract", _K_OPEN, K.paused_retract),
@@ -257,10 +258,11 @@ SCHEDULER = Lifecycle(
         Edge("resume", _K_PAUSED, K.pending),
         Edge("stop", tuple(s for s in K if s is not K.stopped), K.stopped),
     ),
-    doc="A scheduler actor: stepping spans a model step and its output stage; a pause that "
-        "arrives mid-step waits in pausing for the step boundary (a wait pause steps the running "
-        "requests there, admitting none, until none is left); pending with no request "
-        "left is idle.",
+    doc="A scheduler actor: stepping spans a model step and its output stage; a failed step "
+        "of several members is isolating while its members re-run in halves; a pause that "
+        "arrives mid-step waits in pausing (isolating_pausing) for the step boundary (a wait "
+        "pause steps the running requests there, admitting none, until none is left); pending "
+        "with no request left is idle.",
 )
 
 SS = SessionState
@@ -345,8 +347,10 @@ LIFECYCLES: dict[str, Lifecycle] = {
 }
 
 from .memory import MEMORY  # noqa: E402  (memory release per tag: its own module)
+from .replica import REPLICA  # noqa: E402  (a fleet's replicas: their own module)
 
 LIFECYCLES[MEMORY.name] = MEMORY
+LIFECYCLES[REPLICA.name] = REPLICA
 
 
 def lifecycle(name: str) -> Lifecycle:
