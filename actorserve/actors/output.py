@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..messages import Aborted, Failed, Forget, OutputsDone, StepOutputs, TokenOut, Track
+from ..messages import Aborted, Failed, Forget, OutputsDone, StepOutputs, Track
 from .actor import Actor, ActorRef, handles
 
 
@@ -92,10 +92,9 @@ class OutputStage(Actor):
                 if item.finish_reason is None:
                     stopped.append(item.rid)
             output += not item.probe
-            if t.actor.alive:
-                t.actor.tell(TokenOut(item.rid, item.token_id, item.logprob, item.top_logprobs,
-                                      finish, item.ids_logprobs, item.prompt_logprobs, item.spec,
-                                      item.weight_version, text, matched))
+            # the same message goes on to the request actor, with its text and finish filled in
+            item.text, item.finish_reason, item.matched = text, finish, matched
+            t.actor.tell_if_alive(item)
         return tuple(stopped), tuple(failed), output
 
     def _detokenize(self, t: _Tracked, item: Any, rec: Any) -> tuple[str, str | None, int | str | None]:

@@ -55,7 +55,7 @@ from .output import outputs_done
 from .scheduler_control import SchedulerControl
 from .scheduler_memory import SchedulerMemory
 from .scheduler_stats import SchedulerStats, SchedulerView, stats_of, view_of
-from .step_outputs import V, decide, step_end_note, step_note
+from .step_outputs import V, decide, limits_of, step_end_note, step_note
 
 K = SchedulerState
 _ISOLATING = (K.isolating, K.isolating_pausing)
@@ -303,19 +303,24 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
                     self._end(seq, self._drop(seq.rid), Failed(seq.rid, err))
         else:
             counts = {id(seq): n for seq, n in msg.batch}
+            limits = limits_of(self.engine.info, self.step_version)
+            seqs, commit = self.seqs, self.bm.commit
             for out in msg.outputs or ():
                 seq = out.seq
-                if not self._live(seq):
+                if seqs.get(seq.rid) is not seq:
                     continue                # aborted or released while the step ran
                 # a verified draft: the KV of the last token and of the accepted drafts is good
-                seq.num_computed += 1 + len(out.extra) if seq.draft else counts[id(seq)]
-                self.bm.commit(seq)
                 if seq.draft:
+                    seq.num_computed += 1 + len(out.extra)
                     self.spec_steps += 1
                     self.spec_draft_tokens += len(seq.draft)
                     self.spec_accepted_tokens += len(out.extra)
-                for verdict in decide(seq, out, self.engine.info, self.step_version):
-                    self._apply(seq, verdict, items)
+                else:
+                    seq.num_computed += counts[id(seq)]
+                commit(seq)
+                verdict = decide(seq, out, limits, items)
+                if verdict is not None:
+                    self._apply(seq, verdict)
         self.queues.step_over(msg.batch)
         if not items:
             self._end_step(())
@@ -324,22 +329,20 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         self.system.pipe(self.stage.ask(StepOutputs(msg.step, tuple(items))), self,
                          wrap=outputs_done(msg.step))
 
-    def _apply(self, seq: Any, verdict: Any, items: list[TokenOut]) -> None:
-        """Apply one of `step_outputs.decide`'s verdicts on a member."""
+    def _apply(self, seq: Any, verdict: tuple[V, Any]) -> None:
+        """Apply what `step_outputs.decide` said besides the tokens it routed."""
         kind, value = verdict
         rid = seq.rid
-        if kind is V.progress:
+        if kind is V.finished:
+            self._drop(rid)                 # its KV is free before the next plan
+        elif kind is V.progress:
             self._tell(rid, PrefillProgress(rid, seq.num_computed))
         elif kind is V.pooled:
             actor = self._drop(rid)
             if actor is not None and actor.alive:
                 actor.tell(PoolOut(rid, value))
-        elif kind is V.fail:
+        else:                               # V.fail
             self._end(seq, self._drop(rid), Failed(rid, value))
-        else:                               # a token, for the output stage (which counts it)
-            if value.finish_reason is not None:
-                self._drop(rid)             # its KV is free before the next plan
-            items.append(value)
 
     def _hooks(self) -> Hooks:
         """What the isolation of a failed step may do here."""

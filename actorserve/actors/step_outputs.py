@@ -1,22 +1,27 @@
 """What a step's answer means for each member: the scheduler's finish decisions, in one place.
 
-`decide(seq, out, info, version)` reads the engine's answer for one member of a step (and a
-speculating member's further accepted tokens) and says, as `Verdict`s, what happens to it;
-the scheduler applies them in order (`SchedulerActor._apply`) and decides nothing itself:
+`decide(seq, out, limits, items)` reads the engine's answer for one member of a step (and a
+speculating member's further accepted tokens) and says what happens to it; the scheduler applies
+that (`SchedulerActor._apply`) and decides nothing itself:
 
-* ``progress``: a prefill chunk (no token yet): the request actor hears how far it is;
-* ``pooled``: a pooling forward is over: its values go to the request actor, its KV is freed;
-* ``fail``: the engine's verdict on this member alone (`SeqOutput.error`);
-* ``token``: a token for the output stage, with its finish when this token ends the request:
-  the engine's (``SeqOutput.stop``: its grammar ended), a stop token (EOS unless
-  ``ignore_eos``, ``stop_token_ids``), or a length limit (``max_new_tokens``, the context's
-  capacity). A finished request's KV is freed at once.
+* a token goes to the output stage: its `TokenOut`, with its finish when this token ends the
+  request (the engine's, ``SeqOutput.stop``: its grammar ended; a stop token, EOS unless
+  ``ignore_eos``, ``stop_token_ids``; a length limit, ``max_new_tokens`` or the context's
+  capacity), is appended to the step's `items` (the one object a token makes here: the stage
+  fills in its text and hands the same message on to the request actor);
+* what else happens is the answer, a `(V, value)` pair (None: the member goes on):
+  ``progress`` (a prefill chunk, no token yet: the request actor hears how far it is),
+  ``pooled`` (a pooling forward is over: its values go to the request actor, its KV is freed),
+  ``fail`` (the engine's verdict on this member alone, `SeqOutput.error`), ``finished`` (its
+  last token was routed: its KV is freed at once).
 
-A verdict that ends the member ends the list: a speculating member's tokens after its finish
-are never routed. Generated tokens are counted by what the output stage output (its answer),
-so a speculative step's tokens past a stop string are never counted either: no fix-up. The one finish decided elsewhere is a stop
-string, because it needs the text and only the output stage has it; the stage answers the
-rids it finished and the scheduler frees them before it plans the next step (`_end_step`).
+A finish ends the member's tokens: a speculating member's tokens after it are never routed.
+Generated tokens are counted by what the output stage output (its answer), so a speculative
+step's tokens past a stop string are never counted either: no fix-up. The one finish decided
+elsewhere is a stop string, because it needs the text and only the output stage has it; the
+stage answers the rids it finished and the scheduler frees them before it plans the next step
+(`_end_step`). What a step's members share (the context's capacity, the EOS ids, the weights'
+version) is read once per step into `Limits`, not once per token.
 """
 
 from __future__ import annotations
@@ -31,49 +36,58 @@ class V(enum.Enum):
     progress = "progress"
     pooled = "pooled"
     fail = "fail"
-    token = "token"
+    finished = "finished"
 
 
-class Verdict(NamedTuple):
-    kind: V
-    value: Any = None        # pooled: the values; fail: the error; token: the `TokenOut`
+PROGRESS = (V.progress, None)
+FINISHED = (V.finished, None)
 
 
-def finish_reason(seq: Any, tok: int, info: Any, grammar_done: bool = False) -> str | None:
+class Limits(NamedTuple):
+    """What every member of one step is judged by (read once per step)."""
+    capacity: int                   # tokens one sequence may hold (`EngineInfo.capacity`)
+    eos_token_ids: tuple[int, ...]
+    version: str                    # the weights the step ran with
+
+
+def limits_of(info: Any, version: str) -> Limits:
+    return Limits(info.capacity, info.eos_token_ids, version)
+
+
+def finish_reason(seq: Any, tok: int, limits: Limits, grammar_done: bool = False) -> str | None:
     """Whether `tok` (already appended to `seq.output_ids`) ends the request, and why."""
     sp = seq.sampling
-    if grammar_done or tok in sp.stop_token_ids or (not sp.ignore_eos and tok in info.eos_token_ids):
+    if grammar_done or tok in sp.stop_token_ids or (not sp.ignore_eos and tok in limits.eos_token_ids):
         return "stop"
-    if len(seq.output_ids) >= sp.max_new_tokens or seq.num_tokens >= info.capacity:
+    if len(seq.output_ids) >= sp.max_new_tokens or len(seq.prompt_ids) + len(seq.output_ids) >= limits.capacity:
         return "length"
     return None
 
 
-def decide(seq: Any, out: Any, info: Any, version: str) -> list[Verdict]:
-    """The verdicts on one member's answer (see the module doc). Appends each routed token to
-    `seq.output_ids` (a length limit counts it)."""
-    spec = (len(seq.draft), len(out.extra)) if seq.draft else None
-    verdicts: list[Verdict] = []
-    for o in (out, *out.extra):
-        v = _one(seq, o, info, version, spec if o is out else None)
-        verdicts.append(v)
-        if v.kind is not V.token or v.value.finish_reason is not None:
-            break
-    return verdicts
-
-
-def _one(seq: Any, o: Any, info: Any, version: str, spec: tuple[int, int] | None) -> Verdict:
+def decide(seq: Any, out: Any, limits: Limits, items: list[TokenOut]) -> tuple[V, Any] | None:
+    """What happens to one member (see the module doc). Appends each routed token to
+    `seq.output_ids` (a length limit counts it) and its `TokenOut` to `items`."""
     if seq.pooling is not None:
-        return Verdict(V.progress) if o.pooled is None else Verdict(V.pooled, o.pooled)
-    if o.token_id is None:
-        return Verdict(V.progress)
-    if o.error is not None:
-        return Verdict(V.fail, o.error)
-    tok = o.token_id
-    seq.output_ids.append(tok)
-    reason = finish_reason(seq, tok, info, o.stop)
-    return Verdict(V.token, TokenOut(seq.rid, tok, o.logprob, o.top_logprobs, reason, o.ids_logprobs,
-                                     o.prompt_logprobs, spec, version, probe=seq.is_probe))
+        return PROGRESS if out.pooled is None else (V.pooled, out.pooled)
+    spec = (len(seq.draft), len(out.extra)) if seq.draft else None
+    o = out
+    extra = iter(out.extra) if out.extra else None
+    while True:
+        if o.token_id is None:
+            return PROGRESS
+        if o.error is not None:
+            return (V.fail, o.error)
+        tok = o.token_id
+        seq.output_ids.append(tok)
+        reason = finish_reason(seq, tok, limits, o.stop)
+        items.append(TokenOut(seq.rid, tok, o.logprob, o.top_logprobs, reason, o.ids_logprobs,
+                              o.prompt_logprobs, spec, limits.version, probe=seq.is_probe))
+        if reason is not None:
+            return FINISHED
+        o = next(extra, None) if extra is not None else None
+        if o is None:
+            return None
+        spec = None
 
 
 def step_note(sched: str, step: int, batch: list[tuple[Any, int]]) -> dict[str, Any]:

@@ -124,21 +124,30 @@ class IncrementalDetokenizer:
         """Append generated ids; return the text that became stable."""
         if self.stopped is not None or self.finished:
             return ""
-        new = [int(t) for t in token_ids]
-        self.num_tokens += len(new)
-        if self._skip:
-            new = [t for t in new if t not in self._skip]
-        if not new:
+        window, skip = self._window, self._skip
+        n0 = len(window)
+        for t in token_ids:          # one id a step nearly always: no list is built for it
+            self.num_tokens += 1
+            t = int(t)
+            if t not in skip:
+                window.append(t)
+        if len(window) == n0:
             return ""
-        self._window.extend(new)
-        text = self._decode(self._window)
+        backend = self._backend
+        text = (backend.decode(window, skip_special_tokens=self.skip_special_tokens) if backend is not None
+                else self._decode(window))
         stable_end = len(text.rstrip(_REPLACEMENT))
         chunk = ""
         if stable_end > self._emitted:
             chunk = text[self._emitted:stable_end]
             self._emitted = stable_end
-        if len(self._window) > 2 * _CONTEXT:
+        if len(window) > 2 * _CONTEXT:
             self._rebase(text)
+        if not (self.stop or self.stop_regex) and not self._held:   # no stop to look for: the chunk as it is
+            if chunk:
+                self._parts.append(chunk)
+                self._text_cache = None
+            return chunk
         return self._push(chunk, final=False)
 
     def finish(self) -> str:

@@ -58,6 +58,22 @@ class FakeEngine:
         b = token_ids[-2] if len(token_ids) > 1 else 7
         return 1 + (a * 31 + b * 17) % self.alphabet
 
+    def _next_of(self, seq: Sequence) -> int:
+        """`token_after(seq.token_ids())`, read from the sequence's last two ids without
+        copying its whole context each step."""
+        out, prompt = seq.output_ids, seq.prompt_ids
+        tail = out[-2:] if len(out) >= 2 else (prompt[-2:] + out)[-2:]
+        if len(prompt) + len(out) > len(tail):
+            return self.token_after_tail(tail, len(prompt) + len(out))
+        return self.token_after(tail)
+
+    def token_after_tail(self, tail: list[int], n: int) -> int:
+        """`token_after` of a context of `n` ids that ends in the two ids `tail`."""
+        a, b = tail[-1], tail[-2]
+        if self.alphabet is None:
+            return 1 + (a * 31 + b * 17 + n) % (self.info.vocab_size - 1)
+        return 1 + (a * 31 + b * 17) % self.alphabet
+
     def execute(self, batch: list[tuple[Sequence, int]]) -> list[SeqOutput]:
         self.steps += 1
         if self.fault is not None:
@@ -85,7 +101,7 @@ class FakeEngine:
                 ids = seq.prompt_ids
                 outs.append(SeqOutput(seq, pooled=[float(len(ids)), float(sum(ids) % 97)]))
             else:
-                outs.append(SeqOutput(seq, token_id=self._under_lora(seq, self.token_after(seq.token_ids()))))
+                outs.append(SeqOutput(seq, token_id=self._under_lora(seq, self._next_of(seq))))
         if self.keep_history:
             self.history.append([(s.rid, n) for s, n in batch])
         return outs

@@ -167,9 +167,18 @@ class FlightRecorder:
 
     def message(self, actor: str, message: Any) -> None:
         """A message is being handled by `actor`; what its handler does is caused by it."""
-        if self.record_messages:
-            self.cause = self._add(getattr(message, "rid", None), "message", type(message).__name__,
-                                   None, actor, True, None, None, None, None)
+        if self.record_messages:       # `_add` inlined: one event per message handled
+            seq = self.seq = self.seq + 1
+            ev = (seq, self.clock.now_ns(), getattr(message, "rid", None), "message", type(message).__name__,
+                  None, actor, True, None, None, None, None)
+            self.ring.append(ev)
+            if self._file is not None:
+                self._pending.append(ev)
+                if len(self._pending) >= self._flush_every:
+                    self.flush()
+            if self._subscribers:
+                self._publish(ev)
+            self.cause = seq
 
     def transition(self, lc: Any, model: Any, event: str, src: Any, dst: Any,
                    error: str | None, cause: str | None = None) -> None:
