@@ -13,7 +13,7 @@ neither (``token_id is None and pooled is None``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,8 +38,9 @@ class SeqOutput:
     # A speculating member (``seq.draft`` non-empty) with ``a`` drafts accepted yields ``a + 1``
     # tokens: `token_id` (the model's token after the last known one), then `extra`, the ``a``
     # further ones in order, each its own output with its logprobs (the model's tokens after
-    # each accepted draft; the first ``a`` tokens are the accepted drafts themselves).
-    extra: "list[SeqOutput]" = field(default_factory=list)
+    # each accepted draft; the first ``a`` tokens are the accepted drafts themselves). Empty:
+    # a shared empty tuple, so a plain token's output makes no list.
+    extra: "list[SeqOutput] | tuple[SeqOutput, ...]" = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,27 +81,31 @@ class FakeEngine:
         seen: set[str] = set()
         outs: list[SeqOutput] = []
         bs = self.info.block_size
+        released = self.released
         for seq, n in batch:
-            if seq.rid in seen:
-                raise ContractViolation(f"{seq.rid} twice in one step")
-            seen.add(seq.rid)
-            if seq.rid in self.released:
-                raise ContractViolation(f"{seq.rid} stepped after release")
-            if n < 1 or seq.num_computed + n > seq.num_tokens + len(seq.draft):
-                raise ContractViolation(f"{seq.rid}: bad chunk {n} at {seq.num_computed}/{seq.num_tokens}")
-            if seq.draft and (seq.pooling is not None or seq.num_computed + n != seq.num_tokens + len(seq.draft)):
-                raise ContractViolation(f"{seq.rid}: drafts on a step that does not verify them all")
-            if len(seq.block_table) * bs < seq.num_computed + n:
-                raise ContractViolation(f"{seq.rid}: block table too short")
-            if seq.draft:
+            rid = seq.rid
+            if rid in seen:
+                raise ContractViolation(f"{rid} twice in one step")
+            seen.add(rid)
+            if rid in released:
+                raise ContractViolation(f"{rid} stepped after release")
+            done, total, draft = seq.num_computed, len(seq.prompt_ids) + len(seq.output_ids), seq.draft
+            if n < 1 or done + n > total + len(draft):
+                raise ContractViolation(f"{rid}: bad chunk {n} at {done}/{total}")
+            if draft and (seq.pooling is not None or done + n != total + len(draft)):
+                raise ContractViolation(f"{rid}: drafts on a step that does not verify them all")
+            if len(seq.block_table) * bs < done + n:
+                raise ContractViolation(f"{rid}: block table too short")
+            if draft:
                 outs.append(self._verify(seq))
-            elif seq.num_computed + n < seq.num_tokens:
+            elif done + n < total:
                 outs.append(SeqOutput(seq))
             elif seq.pooling is not None:
                 ids = seq.prompt_ids
                 outs.append(SeqOutput(seq, pooled=[float(len(ids)), float(sum(ids) % 97)]))
             else:
-                outs.append(SeqOutput(seq, token_id=self._under_lora(seq, self._next_of(seq))))
+                tok = self._next_of(seq)
+                outs.append(SeqOutput(seq, tok if seq.lora is None else self._under_lora(seq, tok)))
         if self.keep_history:
             self.history.append([(s.rid, n) for s, n in batch])
         return outs

@@ -110,7 +110,7 @@ class Lifecycle:
     definition_hash: str = field(init=False, compare=False)
     _events: dict = field(init=False, repr=False, compare=False)
     _direct: dict = field(init=False, repr=False, compare=False)
-    _rows: frozenset = field(init=False, repr=False, compare=False)
+    _sources: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for edge in self.edges:
@@ -147,7 +147,14 @@ class Lifecycle:
             for src in edge.sources:
                 direct.setdefault((src, edge.event), None if edge.condition else edge.dest)
         object.__setattr__(self, "_direct", {k: v for k, v in direct.items() if v is not None})
-        object.__setattr__(self, "_rows", frozenset((src, e.event) for e in self.edges for src in e.sources))
+        # event -> the states it leaves, as a tuple: `can` asks by identity (an enum member's
+        # hash is a Python-level call; a handler asks on every token)
+        sources: dict[str, list[enum.Enum]] = {}
+        for edge in self.edges:
+            for src in edge.sources:
+                if src not in sources.setdefault(edge.event, []):
+                    sources[edge.event].append(src)
+        object.__setattr__(self, "_sources", {e: tuple(v) for e, v in sources.items()})
         object.__setattr__(self, "definition_hash", _definition_hash(self))
 
     # -- queries -----------------------------------------------------------------------------
@@ -166,7 +173,7 @@ class Lifecycle:
         """Whether the table has a row for `event` leaving `state` (conditions not evaluated).
         A handler asks this instead of repeating the table's sources in an ``if state is ...``
         guard, so the guard is the diagram's edge."""
-        return (state, event) in self._rows
+        return state in self._sources.get(event, ())
 
     def targets(self, event: str, state: enum.Enum) -> tuple[enum.Enum, ...]:
         """Possible destinations of `event` from `state`, in table order."""
