@@ -41,6 +41,17 @@ returns ``""``. Before ``min_tokens`` tokens nothing is held or looked for (vLLM
 stop ends a request only once its minimum is out). ``finish()`` flushes the held tail, including a trailing partial
 character as U+FFFD, exactly as ``tokenizer.decode`` would render it.
 
+**The token layer in Rust.** With a fast (Rust) tokenizer, the same window algorithm runs in
+the tokenizers library itself (``tokenizers.decoders.DecodeStream``: it re-decodes its few
+recent ids per token and hands out the new text once it does not end in U+FFFD), a third of
+the cost per token. It holds a partial character's ids back without saying so; this class
+counts them (``_held_ids``, the tail of its own short ``window``) and ``finish()`` decodes them
+after their context as the Python window would. A slow tokenizer keeps the Python window, and
+so does a request whose ids the stream refuses (it raises on some invalid byte runs): the
+window takes over from the ids whose text is out. Valid text comes out exactly as before (and
+as ``tokenizer.decode``); on invalid UTF-8 byte runs (the known limit below) the two layers
+may place U+FFFD differently.
+
 Works with a HF tokenizer or anything exposing one as ``.hf`` (our `TextTokenizer`).
 No torch import here.
 """
@@ -51,6 +62,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import regex as _regex      # transformers' own dependency; partial matches for stop patterns
+
+try:                        # the token layer in Rust (tokenizers >= 0.21)
+    from tokenizers.decoders import DecodeStream as _DecodeStream
+except ImportError:         # pragma: no cover - an older tokenizers: the window in Python
+    _DecodeStream = None
 
 __all__ = ["IncrementalDetokenizer", "special_token_ids"]
 
@@ -103,6 +119,11 @@ class IncrementalDetokenizer:
             self._skip = frozenset()
         self._window: list[int] = []
         self._emitted = 0           # chars of decode(window) already passed to the text layer
+        # the Rust token layer (a fast tokenizer): its stream, and how many of the window's last
+        # ids it holds back (an incomplete character: their text is not out yet)
+        self._stream = (_DecodeStream(skip_special_tokens=skip_special_tokens)
+                        if self._backend is not None and _DecodeStream is not None else None)
+        self._held_ids = 0
         self._held = ""             # stable text held back as a possible stop-string prefix
         self._parts: list[str] = []
         self._text_cache: str | None = ""
@@ -124,25 +145,19 @@ class IncrementalDetokenizer:
         """Append generated ids; return the text that became stable."""
         if self.stopped is not None or self.finished:
             return ""
-        window, skip = self._window, self._skip
-        n0 = len(window)
-        for t in token_ids:          # one id a step nearly always: no list is built for it
-            self.num_tokens += 1
-            t = int(t)
-            if t not in skip:
-                window.append(t)
-        if len(window) == n0:
-            return ""
-        backend = self._backend
-        text = (backend.decode(window, skip_special_tokens=self.skip_special_tokens) if backend is not None
-                else self._decode(window))
-        stable_end = len(text.rstrip(_REPLACEMENT))
-        chunk = ""
-        if stable_end > self._emitted:
-            chunk = text[self._emitted:stable_end]
-            self._emitted = stable_end
-        if len(window) > 2 * _CONTEXT:
-            self._rebase(text)
+        if self._stream is not None:
+            chunk = self._stream_chunk(token_ids)
+        else:
+            window, skip = self._window, self._skip
+            n0 = len(window)
+            for t in token_ids:          # one id a step nearly always: no list is built for it
+                self.num_tokens += 1
+                t = int(t)
+                if t not in skip:
+                    window.append(t)
+            if len(window) == n0:
+                return ""
+            chunk = self._window_chunk()
         if not (self.stop or self.stop_regex) and not self._held:   # no stop to look for: the chunk as it is
             if chunk:
                 self._parts.append(chunk)
@@ -150,11 +165,74 @@ class IncrementalDetokenizer:
             return chunk
         return self._push(chunk, final=False)
 
+    def _window_chunk(self) -> str:
+        """The Python token layer: the window's newly stable text (ids just appended)."""
+        window = self._window
+        text = self._decode(window)
+        stable_end = len(text.rstrip(_REPLACEMENT))
+        chunk = ""
+        if stable_end > self._emitted:
+            chunk = text[self._emitted:stable_end]
+            self._emitted = stable_end
+        if len(window) > 2 * _CONTEXT:
+            self._rebase(text)
+        return chunk
+
+    def _stream_chunk(self, token_ids: Iterable[int]) -> str:
+        """The Rust token layer (see the module doc): the text the ids made stable."""
+        step, backend = self._stream.step, self._backend     # type: ignore[union-attr]
+        window, skip = self._window, self._skip
+        chunk = ""
+        ids = iter(token_ids)
+        for t in ids:
+            self.num_tokens += 1
+            t = int(t)
+            if t in skip:
+                continue
+            window.append(t)
+            try:
+                piece = step(backend, t)
+            except Exception:      # it refuses some invalid byte runs: the Python window goes on
+                return chunk + self._to_window(ids)
+            if piece is None:
+                self._held_ids += 1
+            else:
+                chunk += piece
+                self._held_ids = 0
+        if len(window) > 2 * _CONTEXT:          # kept: the held ids and context enough for `finish`
+            keep = _CONTEXT + self._held_ids
+            if keep < len(window):
+                del window[:len(window) - keep]
+        return chunk
+
+    def _to_window(self, rest: Iterable[int]) -> str:
+        """Hand the token layer to the Python window: the window's text up to the ids the stream
+        held back and the one it refused (the window's last) is out; then the `rest` of the ids."""
+        window = self._window
+        self._stream = None
+        self._emitted = len(self._decode(window[:len(window) - self._held_ids - 1]))
+        self._held_ids = 0
+        for t in rest:
+            self.num_tokens += 1
+            t = int(t)
+            if t not in self._skip:
+                window.append(t)
+        return self._window_chunk()
+
     def finish(self) -> str:
         """Flush everything held back (a trailing partial character comes out as U+FFFD)."""
         if self.stopped is not None or self.finished:
             self.finished = True
             return ""
+        if self._stream is not None:
+            chunk = ""
+            if self._held_ids:       # the held ids' text after their context, as decode renders it
+                before = self._decode(self._window[:-self._held_ids])
+                chunk = self._decode(self._window)[len(before):]
+                self._held_ids = 0
+            out = self._push(chunk, final=True)
+            self.finished = True
+            return out
         text = self._decode(self._window)
         chunk = text[self._emitted:]
         self._emitted = len(text)
