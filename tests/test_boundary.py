@@ -24,6 +24,7 @@ import actorserve
 from actorserve.actors import actor as actor_mod
 from actorserve.actors.actor import Actor, ActorDeadError, ActorRef, handles
 from actorserve.actors.system import ActorSystem
+from actorserve.engine.batching import BatchConfig
 from actorserve.engine.params import PoolingParams, SamplingParams
 from actorserve.messages import (
     AbortRequest, CloseSession, ContinueGeneration, FlushCache, OpenSession, PauseGeneration, ResponseBegin,
@@ -205,6 +206,27 @@ async def test_reads_are_published_snapshots_between_turns() -> None:
     await h.stream.final()
     await rt.quiesce()
     assert rt.request_info(h.rid) is None
+    await rt.shutdown()
+
+
+async def test_the_set_up_and_a_steps_stage_are_data_not_reads_of_an_actor() -> None:
+    """The recording's set-up is the configuration the runtime built its schedulers with (the
+    same data each publishes in its view), and a step's stage (what the profiler splits by) is
+    in the recorder's ``step`` note: the runtime has no look into a scheduler's sequences."""
+    from actorserve.actors.runtime import Runtime
+    assert not hasattr(Runtime, "step_seqs") and not hasattr(Runtime, "step_members")
+    rt, engine, rec, clock = await make_runtime(batch=BatchConfig(max_num_seqs=7))
+    setup = rt.setup()
+    view = rt.system.published("scheduler").setup
+    assert setup["generation"] == {k: view[k] for k in setup["generation"]}
+    assert setup["generation"]["batch"]["max_num_seqs"] == 7 and setup["weight_version"] == view["weight_version"]
+    assert rec.events(kind="input")[0].data == setup     # what the recording starts with
+    h = rt.generate(list(range(1, 20)), SamplingParams(max_new_tokens=3, ignore_eos=True))
+    await rt.quiesce()
+    await h.stream.final()
+    await rt.quiesce()
+    stages = [e.data["stage"] for e in rec.events(kind="step")]
+    assert stages == ["prefill", "decode", "decode"], stages
     await rt.shutdown()
 
 

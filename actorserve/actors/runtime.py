@@ -65,6 +65,7 @@ from .output import OutputStage
 from .arrival import Rids, changed_fields
 from .request import GenerationActor, PoolingActor, RequestActor
 from .scheduler import SchedulerActor
+from .scheduler_stats import batch_it_runs, setup_of
 from .responses import ResponseStoreActor
 from .runtime_hooks import RuntimeHooks, fields_of
 from .runtime_reads import RuntimeReads
@@ -74,17 +75,20 @@ from .system import ActorSystem
 from .watchdog import WatchdogActor
 
 
-def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig, stage: ActorRef) -> SchedulerActor:
+def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig, stage: ActorRef,
+                    setups: dict[str, Any]) -> SchedulerActor:
     """A scheduler for a pooling engine: batch limits from the engine when it has them
-    (an encoder runs each input whole), no prefix cache (an encoder has no KV to reuse)."""
+    (an encoder runs each input whole), no prefix cache (an encoder has no KV to reuse). Its
+    configuration as plain data goes to `setups` (the recording's set-up)."""
     from ..engine.block_manager import BlockManager
     limits = getattr(engine, "batch_config", None)
-    batch = limits() if callable(limits) else cfg.batch
+    name = f"scheduler:{key}"
+    batch = batch_it_runs(engine, limits() if callable(limits) else cfg.batch, name)
     info = engine.info
     bm = BlockManager(info.num_blocks, info.block_size, enable_prefix_cache=False)
+    setups[key] = setup_of(engine, batch, cfg.pool_batch_wait_s, False, "default")
     return SchedulerActor(engine, stage=stage, batch=batch, block_manager=bm,
-                          step_in_thread=cfg.step_in_thread, name=f"scheduler:{key}",
-                          batch_wait_s=cfg.pool_batch_wait_s)
+                          step_in_thread=cfg.step_in_thread, name=name, batch_wait_s=cfg.pool_batch_wait_s)
 
 
 RESPONSE_INPUTS = (ResponseBegin, ResponseEnd, ResponseDelete, ResponseCancel)
@@ -104,11 +108,15 @@ class Runtime(RuntimeReads, RuntimeHooks):
         # The actors are built here and spawned by `begin`; from then on the runtime uses their
         # refs and what they publish (the objects stay reachable for tests and re-execution).
         self.stage = OutputStage()
-        self.scheduler = SchedulerActor(engine, stage=self.stage.ref, batch=cfg.batch,
+        batch = batch_it_runs(engine, cfg.batch, "scheduler")
+        # each scheduler's configuration as plain data, from what it is built with (`setup`)
+        self.setups: dict[str, Any] = {"": setup_of(engine, batch, 0.0, True, weight_version)}
+        self.scheduler = SchedulerActor(engine, stage=self.stage.ref, batch=batch,
                                         step_in_thread=cfg.step_in_thread, weight_version=weight_version)
         self.pooling_engines: dict[str, Engine] = dict(pooling_engines or {})
         self.pool_schedulers: dict[str, SchedulerActor] = {
-            key: _pool_scheduler(key, eng, cfg, self.stage.ref) for key, eng in self.pooling_engines.items()}
+            key: _pool_scheduler(key, eng, cfg, self.stage.ref, self.setups)
+            for key, eng in self.pooling_engines.items()}
         self.control_actor = ControlActor(self.scheduler.ref, weight_version=weight_version, engine=engine,
                                           pool_schedulers={k: s.ref for k, s in self.pool_schedulers.items()})
         self.sessions = SessionActor()                  # open/close_session via the control actor

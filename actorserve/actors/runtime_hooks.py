@@ -1,7 +1,8 @@
 """The runtime's hooks for the tools that drive it from outside the actors (`RuntimeHooks`, a
 base of `Runtime`): the set-up a recording starts with (`setup`), re-execution's take-over of
-the off-loop work (`take_over`), and the profiler's look at the step being started
-(`step_seqs`). Each is set or read outside any turn, or inside the very turn it concerns."""
+the off-loop work (`take_over`). The set-up is the schedulers' configuration as the runtime
+built them (never read off an actor); the take-over is set before `begin` spawns the actors. (The profiler reads a
+step's stage from the recorder's ``step`` note.)"""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ def fields_of(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
+_SCHED_KEYS = ("engine", "batch", "batch_wait_s", "prefix_cache")     # a scheduler's part of the set-up
+
+
 class RuntimeHooks:
     # set by Runtime
+    setups: dict[str, Any]
     scheduler: Any
     pool_schedulers: dict[str, Any]
     control_actor: Any
@@ -24,19 +29,16 @@ class RuntimeHooks:
     watchdog_config: dict[str, float] | None
 
     def setup(self) -> dict[str, Any]:
-        """What re-execution needs to rebuild this runtime around model stand-ins: read off the
-        actors as built, before `begin` spawns them (configuration, not state)."""
-        def sched(s: Any) -> dict[str, Any]:
-            return {"engine": fields_of(s.engine.info), "batch": fields_of(s.policy.config),
-                    "batch_wait_s": s.batch_wait_s, "prefix_cache": s.bm.enable_prefix_cache}
-        return {"generation": sched(self.scheduler),
-                "pooling": {key: sched(s) for key, s in self.pool_schedulers.items()},
+        """What re-execution needs to rebuild this runtime around model stand-ins (configuration,
+        not state): each scheduler's from what it was built with (`setups`, the same data it
+        publishes in its view), never read off an actor; and the runtime's own."""
+        gen = self.setups[""]
+        return {"generation": {k: gen[k] for k in _SCHED_KEYS},
+                "pooling": {key: {k: s[k] for k in _SCHED_KEYS} for key, s in self.setups.items() if key},
                 "responses_store": self.responses_capacity,
                 "max_queue_time_s": self.max_queue_time,
-                "weight_version": self.scheduler.weight_version,
-                "lora": None if self.scheduler.lora_slots is None else {
-                    "max_loaded": self.scheduler.lora_slots.max_loaded,
-                    "max_rank": self.scheduler.lora_slots.max_rank},
+                "weight_version": gen["weight_version"],
+                "lora": gen["lora"],
                 "watchdog": self.watchdog_config}
 
     def take_over(self, *, steps: Any = None, policy: Any = None, loads: Any = None,
@@ -57,9 +59,3 @@ class RuntimeHooks:
             self.scheduler.lora_runner = lora_reads
         if weight_reads is not None:
             self.control_actor.weights_reader = weight_reads
-
-    def step_seqs(self) -> Any:
-        """rid -> the generation scheduler's sequence of the step it is starting (the profiler
-        reads it inside that turn, through the recorder's step event)."""
-        sched = self.scheduler
-        return lambda rid: sched.inflight.get(rid) or sched.seqs.get(rid)

@@ -66,20 +66,6 @@ class RuntimeReads:
         """The generation scheduler's idleness and progress, as published (`RestTrimmer`)."""
         return PublishedScheduler(self.system, self.sched_ref.name)
 
-    def step_members(self, sched: str, batch: Any) -> list[tuple[int, int, bool]] | None:
-        """For the profiler, on the recorder's ``step`` event (inside the scheduler's turn that
-        starts the step): each member's (tokens this step, tokens generated, pooling); None for
-        a step that is not the generation scheduler's. Read from the step's own sequences."""
-        if sched != self.sched_ref.name:
-            return None
-        seqs = self.step_seqs()
-        out = []
-        for m in batch:
-            seq = seqs(m[0])
-            out.append((int(m[1]), len(seq.output_ids) if seq is not None else 1,
-                        seq is not None and seq.pooling is not None))
-        return out
-
     def call_on_step_thread(self, fn: Any) -> "asyncio.Future[Any]":
         """Run `fn()` on the thread the model steps run on, between two steps."""
         return self.system.call_on_step_thread(fn)

@@ -33,7 +33,6 @@ in `scheduler_memory.py`; LoRA adapters in `scheduler_lora.py`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from typing import Any
 
@@ -54,7 +53,7 @@ from .queues import Queues
 from .output import outputs_done
 from .scheduler_control import SchedulerControl
 from .scheduler_memory import SchedulerMemory
-from .scheduler_stats import SchedulerStats, SchedulerView, stats_of, view_of
+from .scheduler_stats import SchedulerStats, SchedulerView, batch_it_runs, setup_of, stats_of, view_of
 from .step_outputs import V, decide, limits_of, step_end_note, step_note
 
 K = SchedulerState
@@ -82,11 +81,10 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         info = engine.info
         self.bm = queues.bm if queues is not None else (
             block_manager or BlockManager(info.num_blocks, info.block_size))
-        if batch is not None and batch.speculative and not getattr(engine, "verifies_drafts", False):
-            log.warning("%s: the engine cannot verify drafts (%s): speculative decoding is off",
-                        name, type(engine).__name__)
-            batch = dataclasses.replace(batch, speculative=None)   # what is recorded is what runs
+        batch = batch_it_runs(engine, batch, name)    # what is recorded is what runs
         self.policy = make_policy(batch)     # FCFS, or by priority (engine.priority)
+        # its configuration as plain data, published with every view
+        self.setup = setup_of(engine, batch, self.window.wait_s, self.bm.enable_prefix_cache, weight_version)
         self.step_in_thread = step_in_thread
         # the requests and their KV (queues.py); the names below are the part's own containers
         q = self.queues = queues or Queues(self.bm, self.policy.new_lane(), self._released)

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.batching import BatchConfig
 from ..statemachines import STEP_IN_FLIGHT
 
+
+
+log = logging.getLogger("actorserve.scheduler")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,7 @@ class SchedulerView:
     steps_done: int
     loras: tuple[dict[str, Any], ...] = ()     # the live LoRA adapters, load order
     lora_max_loaded: int | None = None         # None: the engine has no adapter slots
+    setup: Any = None            # its configuration as plain data (`setup_of`, made once at its start)
 
 
 def view_of(sched: Any) -> SchedulerView:
@@ -85,4 +93,31 @@ def view_of(sched: Any) -> SchedulerView:
     return SchedulerView(stats_of(sched), len(sched.lane), sched.lane.tokens,
                          sched.policy.config.max_num_seqs, sched.policy.config.scheduling_policy, sched.idle, sched.steps_done,
                          tuple(sched.describe_loras()) if sched.loras else (),
-                         None if slots is None else slots.max_loaded)
+                         None if slots is None else slots.max_loaded, sched.setup)
+
+
+def setup_of(engine: Any, batch: Any, batch_wait_s: float, prefix_cache: bool,
+             weight_version: str) -> dict[str, Any]:
+    """A scheduler's configuration as plain data, what a recording starts with (`Runtime.setup`),
+    from what it is built with: its engine's geometry, its batching as it runs (`batch_it_runs`),
+    its batching window, the prefix cache, the weights' label, the engine's adapter slots."""
+    slots = getattr(engine, "lora", None)
+    return {"engine": _fields(engine.info), "batch": _fields(batch), "batch_wait_s": batch_wait_s,
+            "prefix_cache": prefix_cache, "weight_version": weight_version,
+            "lora": None if slots is None else {"max_loaded": slots.max_loaded, "max_rank": slots.max_rank}}
+
+
+def batch_it_runs(engine: Any, batch: Any, name: str) -> Any:
+    """The batching a scheduler over `engine` runs: `batch` (or the default), without
+    speculation where the engine cannot verify drafts (what is recorded is what runs)."""
+    batch = batch or BatchConfig()
+    if batch.speculative and not getattr(engine, "verifies_drafts", False):
+        log.warning("%s: the engine cannot verify drafts (%s): speculative decoding is off",
+                    name, type(engine).__name__)
+        batch = dataclasses.replace(batch, speculative=None)
+    return batch
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """A configuration dataclass as a plain dict (shallow)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}

@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 from typing import Any, NamedTuple
 
+from ..engine.batching import step_stage
 from ..messages import TokenOut
 
 
@@ -91,9 +92,11 @@ def decide(seq: Any, out: Any, limits: Limits, items: list[TokenOut]) -> tuple[V
 
 
 def step_note(sched: str, step: int, batch: list[tuple[Any, int]]) -> dict[str, Any]:
-    """The recording's ``step`` note: the batch as ``[[rid, tokens], ...]``, and what each
-    speculating member's step verifies."""
-    data: dict[str, Any] = {"sched": sched, "step": step, "batch": [[s.rid, n] for s, n in batch]}
+    """The recording's ``step`` note: the batch as ``[[rid, tokens], ...]``, its stage
+    (``prefill`` | ``decode``: what the profiler splits by), and what each speculating member's
+    step verifies."""
+    data: dict[str, Any] = {"sched": sched, "step": step, "batch": [[s.rid, n] for s, n in batch],
+                            "stage": step_stage((n, len(s.output_ids), s.pooling is not None) for s, n in batch)}
     drafts = {s.rid: list(s.draft) for s, _ in batch if s.draft}
     if drafts:
         data["draft"] = drafts

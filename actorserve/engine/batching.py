@@ -23,6 +23,7 @@ drafts, and returns the decision.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .base import context_capacity
@@ -191,3 +192,10 @@ class BatchPolicy:
             return False
         seq.draft = draft
         return True
+
+
+def step_stage(members: Iterable[tuple[int, int, bool]]) -> str:
+    """A step's stage (SGLang's forward-mode split, what the profiler's ``merge_profiles``
+    separates) from its members' ``(tokens this step, output tokens so far, pooling)``:
+    ``prefill`` when any member computes more than one token, has no output yet or pools."""
+    return "prefill" if any(n > 1 or out == 0 or pool for n, out, pool in members) else "decode"

@@ -27,17 +27,13 @@ them in order with the steps: a window's start is queued before the step that op
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
+from ..engine.batching import step_stage  # noqa: F401  (the scheduler notes it on each step)
 from ..replay.chrome_trace import to_chrome_trace
 
 STAGES = ("prefill", "decode")
 TORCH_PID = 3
-
-
-def step_stage(members: Iterable[tuple[int, int, bool]]) -> str:
-    """A step's stage from its members' ``(tokens this step, output tokens so far, pooling)``."""
-    return "prefill" if any(n > 1 or out == 0 or pool for n, out, pool in members) else "decode"
 
 
 @dataclass

@@ -43,7 +43,7 @@ from pydantic import BeforeValidator, Field
 
 from ..engine.profiler import ACTIVITIES, DEFAULT_ACTIVITIES, StepProfiler, resolve_activities
 from .errors import APIError, FieldError
-from .profile_plan import STAGES, TORCH_PID, StepPlan, Target, Window, step_stage, target_trace
+from .profile_plan import STAGES, TORCH_PID, StepPlan, Target, Window, target_trace
 from .schemas import _Body, read_json
 from .state import CTX, ServerContext
 
@@ -141,10 +141,8 @@ class Profile:
             log.exception("profile %s: a step event could not be handled", self.name)
 
     def _stage(self, d: dict[str, Any]) -> str:
-        members = self.rt.step_members(d.get("sched", ""), d.get("batch", ()))
-        if members is None:
-            return "prefill"            # a pooling model's forward: an encoder extend
-        return step_stage(members)
+        """The step's stage, as its scheduler noted it (`engine.batching.step_stage`)."""
+        return d.get("stage") or "prefill"
 
     # -- the files ------------------------------------------------------------------------------
     def path(self, stage: str | None) -> Path:
