@@ -92,10 +92,11 @@ def decide(seq: Any, out: Any, limits: Limits, items: list[TokenOut]) -> tuple[V
 
 
 def step_note(sched: str, step: int, batch: list[tuple[Any, int]]) -> dict[str, Any]:
-    """The recording's ``step`` note: the batch as ``[[rid, tokens], ...]``, its stage
+    """The recording's ``step`` note: the batch as ``[[rid, tokens], ...]`` (pairs: tuples in
+    memory, lists in the file), its stage
     (``prefill`` | ``decode``: what the profiler splits by), and what each speculating member's
     step verifies."""
-    data: dict[str, Any] = {"sched": sched, "step": step, "batch": [[s.rid, n] for s, n in batch],
+    data: dict[str, Any] = {"sched": sched, "step": step, "batch": [(s.rid, n) for s, n in batch],
                             "stage": step_stage((n, len(s.output_ids), s.pooling is not None) for s, n in batch)}
     drafts = {s.rid: list(s.draft) for s, _ in batch if s.draft}
     if drafts:
@@ -109,15 +110,16 @@ def step_end_note(sched: str, step: int, res: Any, err: BaseException | None) ->
             "error": None if err is None else f"{type(err).__name__}: {err}"}
 
 
-def answer(o: Any) -> list[Any]:
-    """What the recording keeps of one member's answer: ``[rid, token | "pooled"]``, and the
+def answer(o: Any) -> Any:
+    """What the recording keeps of one member's answer: ``[rid, token | "pooled"]`` (a tuple in
+    memory, a list in the file: a pair of atoms the collector stops tracking), and the
     engine's own verdict when it gave one (``"stop"``: its grammar ended; ``{"error": ...}``).
     A speculating member's is ``[rid, [token, ...]]``: every token its step yielded."""
     if o.seq.draft and o.token_id is not None:
         return [o.seq.rid, [o.token_id] + [m.token_id for m in o.extra]]
-    entry = [o.seq.rid, "pooled" if o.pooled is not None else o.token_id]
+    entry = (o.seq.rid, "pooled" if o.pooled is not None else o.token_id)
     if o.error is not None:
-        entry.append({"error": o.error})
-    elif o.stop:
-        entry.append("stop")
+        return [*entry, {"error": o.error}]
+    if o.stop:
+        return [*entry, "stop"]
     return entry
