@@ -326,6 +326,30 @@ class RequestOutput:
     weight_versions: tuple[tuple[str, int, int], ...] = ()
 
 
+FINAL_FIELDS = ("finished", "finish_reason", "error", "pooled", "prompt_tokens", "completion_tokens",
+                "cached_tokens", "matched_stop", "aborted_in", "spec", "weight_versions", "timings")
+
+
+def merge_outputs(items: list[RequestOutput]) -> RequestOutput:
+    """A request's output items (deltas, in order) as one output: the texts, token ids and
+    logprobs joined, the prompt logprobs where they came, the rest (`FINAL_FIELDS`) the last
+    item's. One item is returned as it is."""
+    if not items:
+        raise ValueError("no output items to merge")
+    if len(items) == 1:
+        return items[0]
+    first, last = items[0], items[-1]
+    merged = RequestOutput(first.rid, text="".join(it.text for it in items),
+                           token_ids=[t for it in items for t in it.token_ids])
+    lps = [lp for it in items if it.logprobs for lp in it.logprobs]
+    merged.logprobs = lps if lps or first.logprobs is not None else None
+    merged.prompt_logprobs = next((it.prompt_logprobs for it in reversed(items)
+                                   if it.prompt_logprobs is not None), None)
+    for f in FINAL_FIELDS:
+        setattr(merged, f, getattr(last, f))
+    return merged
+
+
 # -- control actor internals ----------------------------------------------------------------------
 
 

@@ -3,7 +3,6 @@ and `serve(...)`, an aiohttp test server on 127.0.0.1 over a fresh runtime."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Any, AsyncIterator
 
@@ -64,14 +63,10 @@ async def serve(tiny: tuple[Any, Any, Any], *, api_key: str | None = None, kv_bl
 
 async def settle(rt: Runtime, timeout: float = 10.0) -> None:
     """Wait until no request is live and no KV block is used."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
+    def settled() -> bool:
         st = rt.stats()
-        if st.live_requests == 0 and st.kv_used_blocks == 0 and not rt.live_actors():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"runtime did not settle: {rt.stats()}")
+        return st.live_requests == 0 and st.kv_used_blocks == 0 and not rt.live_actors()
+    await until(settled, timeout, poll=0.02, what=lambda: f"runtime did not settle: {rt.stats()}")
 
 
 def assert_error(body: dict, type_: str | None = None) -> None:

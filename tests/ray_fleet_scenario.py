@@ -20,18 +20,9 @@ import time
 
 import aiohttp
 
+from waiting import until      # this script's folder is on sys.path (run as tests/ray_fleet_scenario.py)
+
 MODEL = "tiny-llama"
-
-
-async def until(pred, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout_s
-    while True:
-        got = await pred()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what} not within {timeout_s:g}s")
-        await asyncio.sleep(0.25)
 
 
 async def get(http: aiohttp.ClientSession, url: str):  # type: ignore[no-untyped-def]
@@ -71,7 +62,7 @@ async def scenario(url: str, out: dict) -> None:
             f = await get(http, url + "/fleet")
             return f if f and all(r["state"] == "ready" for r in f["replicas"]) else None
 
-        first = await until(all_ready, 300, "both replicas ready")
+        first = await until(all_ready, 300, poll=0.25, what="both replicas ready")
         out["first"] = first["replicas"]
         out["router_first"] = router_urls(await get(http, first["router"] + "/workers") or {})
         out["traffic_before"] = await mixed(http, url, 12)
@@ -83,14 +74,15 @@ async def scenario(url: str, out: dict) -> None:
             f = await get(http, url + "/fleet")
             return f if f and f["replicas"][0]["state"] != "ready" else None
 
-        await until(r0_not_ready, 60, "replica 0 seen down")
+        await until(r0_not_ready, 60, poll=0.25, what="replica 0 seen down")
         out["seen_down_s"] = round(time.monotonic() - killed, 2)
 
         async def unregistered():
             urls = [u for u, _ in router_urls(await get(http, first["router"] + "/workers") or {})]
             return victim["url"] not in urls and urls
 
-        out["router_while_down"] = await until(unregistered, 30, "the dead URL out of the router")
+        out["router_while_down"] = await until(unregistered, 30, poll=0.25,
+                                               what="the dead URL out of the router")
         out["unregistered_s"] = round(time.monotonic() - killed, 2)
         out["traffic_while_down"] = await mixed(http, url, 8)
 
@@ -98,7 +90,7 @@ async def scenario(url: str, out: dict) -> None:
             f = await get(http, url + "/fleet")
             return f if f and f["replicas"][0]["state"] == "ready" and f["replicas"][0]["restarts"] >= 1 else None
 
-        back = await until(r0_back, 300, "replica 0 back")
+        back = await until(r0_back, 300, poll=0.25, what="replica 0 back")
         out["back_s"] = round(time.monotonic() - killed, 2)
         out["after"] = back["replicas"]
         out["router_after"] = router_urls(await get(http, back["router"] + "/workers") or {})

@@ -137,13 +137,13 @@ async def test_mailbox_wakes_waiting_senders_in_order():
     box = Mailbox(1)
     box.put_nowait(("m0", None))
     waiter = asyncio.ensure_future(box.wait_for_room())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # sleep-ok: one loop turn (no wall clock): the new task runs to its first await
     assert box.statistics().waiting_senders == 1 and not waiter.done()
     assert box.get_nowait() == ("m0", None)
     await asyncio.wait_for(waiter, 1)
     box.put_nowait(("m1", None))
     closer = asyncio.ensure_future(box.wait_for_room())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # sleep-ok: one loop turn (no wall clock): the new task runs to its first await
     assert box.close() == [("m1", None)]
     with pytest.raises(MailboxClosed):
         await closer
@@ -164,7 +164,7 @@ async def test_quiesce_is_exact_across_thread_work():
     sysm.run_in_thread(c, slow, wrap=lambda res, err: Add(res))
     q = asyncio.ensure_future(sysm.quiesce())
     for _ in range(100):                      # many loop iterations, no wall-clock wait
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep-ok: the loop turns are what is tested (quiesce must not return)
     assert sysm.busy == 1                     # the thread's result is still owed: exactly one
     assert not q.done()                       # so quiesce cannot have returned
     gate.set()

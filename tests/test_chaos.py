@@ -85,6 +85,8 @@ async def test_poison_overload_deadlines_and_control_end_clean_and_reexecute(see
             break
         clock.advance(0.002)
         await rt.quiesce()
+    else:
+        raise AssertionError("requests or controls still open after 4 virtual seconds")
     await asyncio.gather(*pending)
     seen = Counter()
     for h in handles:

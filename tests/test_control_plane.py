@@ -101,9 +101,10 @@ async def test_a_server_can_be_paused_and_unhealthy_at_once():
     h = rt.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
     assert await asyncio.to_thread(started.wait, 10)
     pause = asyncio.ensure_future(rt.control(PauseGeneration("in_place")))   # waits for the step
+    wd = rt.watchdog
     for _ in range(8):
-        clock.advance(0.25)
-        await asyncio.sleep(0.01)
+        clock.advance(0.25)                   # each tick asked and answered before the next
+        await until(lambda: not wd.asking and wd.mailbox.statistics().current_size == 0)
     await until(lambda: rt.snapshot().health == "unhealthy")
     assert not pause.done() and rt.scheduler.state.name == "pausing"
     stall["on"] = False

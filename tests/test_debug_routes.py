@@ -12,7 +12,7 @@ import pytest
 
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines.diagram import VISITED_FILL
-from http_support import assert_error, load_tiny, serve, settle
+from http_support import assert_error, load_tiny, serve, settle, until
 
 SP = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
 
@@ -64,12 +64,10 @@ async def test_live_request_state(tiny):
         await http.post("/pause_generation", json={"mode": "in_place"})
         waiting = asyncio.ensure_future(http.post("/generate", json={
             "text": "wait", "sampling_params": SP, "rid": "held"}))
-        for _ in range(100):
-            r = await http.get("/debug/requests/held")
-            if r.status == 200:
-                break
-            await asyncio.sleep(0.02)
-        body = await r.json()
+        async def held():
+            async with http.get("/debug/requests/held") as r:
+                return await r.json() if r.status == 200 else None
+        body = await until(held, poll=0.02, what="/debug/requests/held answering 200")
         assert body["live"] is True and body["state"] == "queued"
         await http.post("/continue_generation")
         await waiting
@@ -142,10 +140,7 @@ async def test_event_stream_filters_by_rid(tiny):
         # only the new request's events: exactly one "create"
         assert sum(1 for e in evs if e["event"] == "create") == 1
         resp.close()                                    # the client leaves: the stream ends
-        for _ in range(100):
-            if not rt.recorder._subscribers:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: not rt.recorder._subscribers)
         assert not rt.recorder._subscribers
 
 

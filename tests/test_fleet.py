@@ -25,6 +25,8 @@ from actorserve.fleet.fleet_cli import replica_argv
 from actorserve.fleet.supervisor import Backoff, free_port
 from actorserve.http.responses_items import replica_of, response_id
 
+from waiting import until
+
 LONG = "the quick brown fox jumps over the lazy dog " * 12
 
 
@@ -137,15 +139,20 @@ async def _one(http, url, kind: str, i: int) -> tuple[str, int, str]:
 KINDS = ("chat", "stream", "generate", "embed", "rerank", "score", "classify")
 
 
-async def _mixed(http, url, n: int, concurrency: int = 6) -> list[tuple[str, int, str]]:
+async def _mixed(http, url, n: int, concurrency: int = 6,
+                 done: list | None = None) -> list[tuple[str, int, str]]:
+    """``done``: each request's outcome is appended as it ends (to see a burst under way)."""
     sem = asyncio.Semaphore(concurrency)
 
     async def run(i: int) -> tuple[str, int, str]:
         async with sem:
             try:
-                return await _one(http, url, KINDS[i % len(KINDS)], i)
+                out = await _one(http, url, KINDS[i % len(KINDS)], i)
             except (aiohttp.ClientError, ValueError) as exc:
-                return KINDS[i % len(KINDS)], 0, f"{exc.__class__.__name__}: {exc}"
+                out = KINDS[i % len(KINDS)], 0, f"{exc.__class__.__name__}: {exc}"
+            if done is not None:
+                done.append(out)
+            return out
     return list(await asyncio.gather(*(run(i) for i in range(n))))
 
 
@@ -260,7 +267,7 @@ async def test_abort_by_rid_reaches_the_replica_that_holds_it(fleet):
             async def loaded() -> bool:               # the router sees the tokens in the KV
                 async with http.get(router + "/get_loads") as r:
                     return any(w["load"] > 0 for w in (await r.json())["workers"])
-            await _until(loaded, 10, "a load above 0 in the router's /get_loads")
+            await until(loaded, 10, poll=0.05, what="a load above 0 in the router's /get_loads")
             async with http.post(url + "/abort_request", json={"rid": rid}) as r:
                 answer = await r.json()
             assert r.status == 200 and answer["aborted"] == 1 and len(answer["aborted_on"]) == 1, answer
@@ -270,21 +277,14 @@ async def test_abort_by_rid_reaches_the_replica_that_holds_it(fleet):
         assert events[-1]["meta_info"]["completion_tokens"] < 2000
 
 
-async def _until(pred, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not await pred():
-        assert time.monotonic() - t0 < timeout, f"{what} not within {timeout}s"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - t0
-
-
 async def test_killed_replica_requests_end_traffic_continues_fleet_restarts_it(fleet):
     url = fleet["url"]
     async with _client() as http:
         st = await _note_pids(http, fleet)
         victim = st["replicas"][0]
-        burst = asyncio.ensure_future(_mixed(http, url, 200))
-        await asyncio.sleep(0.3)                  # let the burst get going (not a proof of anything)
+        ended: list = []
+        burst = asyncio.ensure_future(_mixed(http, url, 200, done=ended))
+        await until(lambda: len(ended) >= 12, 60, what="the burst under way")   # mid-burst: 188 to go
         t_kill = time.monotonic()
         _kill_group(victim["pid"], signal.SIGKILL)
 
@@ -292,7 +292,8 @@ async def test_killed_replica_requests_end_traffic_continues_fleet_restarts_it(f
             async with http.get(st["router"] + "/workers") as r:
                 ws = {w["url"]: w["is_healthy"] for w in (await r.json())["workers"]}
             return ws.get(victim["url"]) is False
-        dropped_s = await _until(router_dropped, 30, "the router marking the killed replica unhealthy")
+        await until(router_dropped, 30, poll=0.05, what="the router marking the killed replica unhealthy")
+        dropped_s = time.monotonic() - t_kill
         results = await asyncio.wait_for(burst, 120)        # every request ends: no hang
         failed = [r for r in results if r[2] != "ok"]
         assert [r for r in failed if r[2] == "silent cut"] == []      # a cut stream says so
@@ -304,14 +305,14 @@ async def test_killed_replica_requests_end_traffic_continues_fleet_restarts_it(f
         async def back() -> bool:
             rep = (await _status(http, url))["replicas"][0]
             return rep["state"] == "ready" and rep["restarts"] == 1
-        await _until(back, 120, "the fleet restarting the killed replica")
+        await until(back, 120, poll=0.05, what="the fleet restarting the killed replica")
         back_s = time.monotonic() - t_kill
         await _note_pids(http, fleet)
 
         async def rejoined() -> bool:
             async with http.get(st["router"] + "/workers") as r:
                 return all(w["is_healthy"] for w in (await r.json())["workers"])
-        await _until(rejoined, 30, "the router taking the restarted replica back")
+        await until(rejoined, 30, poll=0.05, what="the router taking the restarted replica back")
         rejoin_s = time.monotonic() - t_kill
         print(f"\nfleet kill: router dropped the replica after {dropped_s:.2f}s; "
               f"replica ready again {back_s:.1f}s after the kill (restarts=1); "

@@ -86,8 +86,7 @@ async def test_duplicate_rid_is_400(tiny):
         long_sp = {"max_new_tokens": 900, "ignore_eos": True}
         task = asyncio.ensure_future(http.post("/generate", json={"text": "x", "sampling_params": long_sp,
                                                                   "rid": "dup"}))
-        while rt.stats().live_requests == 0:
-            await asyncio.sleep(0.01)
+        await until(lambda: rt.stats().live_requests > 0)
         r = await http.post("/generate", json={"text": "x", "sampling_params": SP, "rid": "dup"})
         assert r.status == 400
         assert_error(await r.json(), "invalid_request_error")
@@ -259,8 +258,7 @@ async def test_serve_async_graceful_stop(tiny):
     async with aiohttp.ClientSession() as s:
         long = asyncio.ensure_future(s.post(url + "/generate", json={
             "text": "x", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}))
-        while rt.stats().live_requests == 0:
-            await asyncio.sleep(0.01)
+        await until(lambda: rt.stats().live_requests > 0)
         stop.set()                      # like SIGTERM: in-flight work still finishes
         resp = await long
         body = await resp.json()

@@ -18,7 +18,7 @@ from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 
-from http_support import NAME, assert_error, load_tiny, settle
+from http_support import NAME, assert_error, load_tiny, settle, until
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +69,10 @@ async def test_health_generate_answers_while_a_long_prefill_runs(tiny):
         long = asyncio.ensure_future(http.post("/generate", json={
             "input_ids": [5 + i % 200 for i in range(900)],
             "sampling_params": {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}}))
-        await asyncio.sleep(0)
-        for _ in range(500):
+        def in_prefill():
             actors = [a for a in rt.live_actors() if not a.is_probe]
-            if actors and actors[0].state.name == "prefill":
-                break
-            await asyncio.sleep(0.005)
-        long_actor = actors[0]
+            return actors[0] if actors and actors[0].state.name == "prefill" else None
+        long_actor = await until(in_prefill, what="the long request in prefill")
         r = await http.get("/health_generate")
         assert r.status == 200, await r.text()
         assert long_actor.state.name == "prefill", "the probe waited for the long prefill"
@@ -107,10 +104,7 @@ async def test_health_generate_is_503_when_the_model_step_stalls(tiny):
         body = await r.json()
         assert body["status"] == "unavailable" and "did not complete" in body["reason"]
         assert not any(a.is_probe for a in rt.live_actors()), "a timed-out probe is aborted"
-        for _ in range(1000):                 # HealthDone reaches the control actor in a turn
-            if not rt.control_actor.open:
-                break
-            await asyncio.sleep(0)
+        await until(lambda: not rt.control_actor.open)    # HealthDone reaches the control actor in a turn
         last = rt.control_actor.history[-1]
         assert last.op == "health_generate" and last.state.name == "rejected"
         assert "did not complete" in last.result.message
@@ -128,10 +122,7 @@ async def test_watchdog_makes_health_503_with_a_reason_and_recovers(tiny):
         stall.armed = True
         h = asyncio.ensure_future(http.post("/generate", json={
             "text": "hi", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}))
-        for _ in range(400):
-            if rt.snapshot().health == "unhealthy":
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: rt.snapshot().health == "unhealthy")
         assert rt.snapshot().health == "unhealthy"
         info = await (await http.get("/server_info")).json()
         assert info["server_state"] == "serving" and info["health"] == "unhealthy"
@@ -142,10 +133,7 @@ async def test_watchdog_makes_health_503_with_a_reason_and_recovers(tiny):
             assert r.status == 503, path
         stall.release()
         assert (await h).status == 200
-        for _ in range(400):
-            if rt.snapshot().health == "healthy":
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: rt.snapshot().health == "healthy")
         assert rt.snapshot().health == "healthy" and rt.server_state == "serving"
         assert (await http.get("/health_generate")).status == 200
         await settle(rt)

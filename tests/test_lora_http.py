@@ -314,14 +314,13 @@ async def test_an_adapter_gone_after_the_route_checked_it_is_a_404_not_a_500(wor
     """The narrow race: the route saw the adapter, the scheduler no longer has it (an unload got
     there first). Played here by a route that believes any adapter name: the scheduler's refusal
     comes back as the OpenAI 404 (completions and chat; /v1/responses maps it the same way)."""
-    from actorserve.http import openai_routes, responses_routes
+    from actorserve.http import prepare
     from actorserve.messages_lora import is_lora_refusal, lora_refusal
 
     async def believes(ctx, model):
         return None if model is None or model in ctx.model_names() else model
-    monkeypatch.setattr(openai_routes, "is_adapter", lambda ctx, model: model not in ctx.model_names())
-    monkeypatch.setattr(openai_routes, "lora_for_model", believes)
-    monkeypatch.setattr(responses_routes, "lora_for_model", believes)
+    monkeypatch.setattr(prepare, "is_adapter", lambda ctx, model: model not in ctx.model_names())
+    monkeypatch.setattr(prepare, "lora_for_model", believes)      # every generation route's preamble
     assert is_lora_refusal(lora_refusal("x", "is being unloaded")) and not is_lora_refusal("boom")
     async with serve(world) as (http, rt):
         r = await http.post("/v1/completions", json={"model": "gone", "prompt": "hi", "max_tokens": 2})

@@ -17,6 +17,7 @@ from actorserve.messages import (
 from actorserve.replay.check import check
 
 from runtime_helpers import assert_nothing_held, make_runtime
+from waiting import until
 
 
 def adapter(tmp_path, name: str) -> str:
@@ -139,7 +140,7 @@ async def test_racing_loads_and_requests_share_one_load(tmp_path):
     path = adapter(tmp_path, "a1")
     first = rt.control(LoadLoraAdapter("a1", path))
     second = rt.control(LoadLoraAdapter("a1", path, pinned=True))
-    await asyncio.sleep(0)
+    await until(lambda: rt.lora_state("a1") == "loading", poll=0)
     req = rt.generate([9, 9], SamplingParams(max_new_tokens=3), lora="a1")   # parked behind the load
     other = rt.control(LoadLoraAdapter("a1", adapter(tmp_path, "elsewhere")))
     assert not (await other).ok                         # another folder under a name that is loading
@@ -162,7 +163,7 @@ async def test_a_failed_load_fails_its_parked_requests(tmp_path):
     gate = threading.Event()
     rt, engine, rec, _ = await make_runtime(loras=2, lora_gate=gate)
     load = rt.control(LoadLoraAdapter("bad", str(tmp_path / "missing")))
-    await asyncio.sleep(0)
+    await until(lambda: rt.lora_state("bad") == "loading", poll=0)
     req = rt.generate([1, 2], SamplingParams(max_new_tokens=3), lora="bad")
     gate.set()
     res = await load
@@ -257,7 +258,7 @@ async def test_200_mixed_requests_under_loads_and_unloads(tmp_path):
         handles.append((rt.generate(prompt, SamplingParams(max_new_tokens=rng.randrange(1, 9)), lora=name),
                         name, prompt))
         if i % 7 == 0:
-            await asyncio.sleep(0)          # let some turns run between arrivals
+            await asyncio.sleep(0)  # sleep-ok: turns between arrivals are the mix under test
     outs = await asyncio.wait_for(asyncio.gather(*(h.stream.final() for h, _, _ in handles)), 60)
     results = await asyncio.wait_for(asyncio.gather(*controls), 60)
     assert all(r.ok for r in results), results

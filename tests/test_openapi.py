@@ -16,7 +16,8 @@ from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig, ServerConfig
 from actorserve.engine.fake import FakeEngine
 from actorserve.http import openapi
-from actorserve.http.app import OPEN_PATHS, build_app
+from actorserve.http.app import build_app
+from actorserve.http.auth import OPEN_PATHS
 from actorserve.http.schemas import ChatCompletionRequest
 
 KEY = "sekrit"

@@ -191,8 +191,7 @@ async def test_abort_reaches_pooling_requests(tiny, minilm):
         minilm.engine.execute = blocked
         try:
             first = asyncio.ensure_future(http.post("/v1/embeddings", json={"input": "held"}))
-            while not rt.pool_stats()["embed"].step_in_flight:
-                await asyncio.sleep(0.01)
+            await until(lambda: rt.pool_stats()["embed"].step_in_flight)
             h = rt.pool([1, 2, 3], target="embed", rid="pool-abort")     # queued behind the step
             res = await (await http.post("/abort_request", json={"rid": "pool-abort"})).json()
             assert res["success"] is True and res["aborted"] == 1
@@ -211,8 +210,7 @@ async def test_abort_reaches_pooling_requests(tiny, minilm):
         minilm.engine.execute = blocked
         try:
             task = asyncio.ensure_future(http.post("/v1/embeddings", json={"input": ["a", "b", "c"]}))
-            while rt.pool_stats()["embed"].live_requests < 3:
-                await asyncio.sleep(0.01)
+            await until(lambda: rt.pool_stats()["embed"].live_requests >= 3)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -235,8 +233,7 @@ async def test_embeddings_under_generation_load(tiny, minilm):
         sp = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
         gens = [asyncio.ensure_future(http.post("/generate", json={"text": f"stream {i}", "sampling_params": sp,
                                                                    "stream": True})) for i in range(4)]
-        while rt.stats().generated_tokens == 0:
-            await asyncio.sleep(0.01)
+        await until(lambda: rt.stats().generated_tokens > 0)
         before = rt.stats().generated_tokens
         embeds = [http.post("/v1/embeddings", json={"input": f"sentence number {i} about food"})
                   for i in range(64)]

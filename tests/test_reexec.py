@@ -103,7 +103,7 @@ async def chaos(path, *, seed: int, in_thread: bool, n: int = 1000, max_bytes: i
             pending.append(asyncio.ensure_future(session_turn(rng.choice(sessions), i)))
         if i % 10 == 0:
             for _ in range(rng.randrange(0, 4)):
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # sleep-ok: a random number of loop turns between arrivals is the chaos
             clock.advance(rng.choice([0.0, 0.001, 0.004]))
     for _ in range(3):                   # continue (a pause may still be pending at a step)
         await rt.control(ContinueGeneration())
@@ -114,7 +114,9 @@ async def chaos(path, *, seed: int, in_thread: bool, n: int = 1000, max_bytes: i
         clock.advance(0.002)
         await rt.quiesce()
         if in_thread:
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # sleep-ok: a loop turn (no wall clock) per virtual tick
+    else:
+        raise AssertionError("requests or controls still open after 20 virtual seconds")
     await asyncio.gather(*pending)
     for h in handles:
         out = await h.stream.final()

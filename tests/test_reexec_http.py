@@ -15,7 +15,7 @@ from actorserve.replay.check import check
 from actorserve.replay.recorder import read_recording
 from actorserve.replay.reexec import reexecute, steps_of
 
-from http_support import NAME, load_tiny, serve, settle
+from http_support import NAME, load_tiny, serve, settle, until
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ async def test_a_live_server_recording_reexecutes_step_for_step(tiny, tmp_path, 
             resp.close()                                    # the client disconnects
 
         async def pause_continue() -> None:
-            await asyncio.sleep(0.05)
+            await until(lambda: rt.stats().running > 0)     # the retract finds requests decoding
             assert (await http.post("/pause_generation", json={"mode": "retract"})).status == 200
             assert (await http.post("/continue_generation", json={})).status == 200
 

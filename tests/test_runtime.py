@@ -18,6 +18,7 @@ from actorserve.messages import (
 from actorserve.replay.check import check
 
 from runtime_helpers import assert_nothing_held, make_runtime
+from waiting import until
 
 
 def expected_tokens(prompt: list[int], n: int, vocab: int = 1000) -> list[int]:
@@ -133,8 +134,7 @@ async def test_pause_and_continue_give_the_same_tokens(mode):
     rt, engine, rec, _ = await make_runtime()
     prompts = [[i, i + 1, i + 2] for i in range(1, 6)]
     hs = [rt.generate(p, SamplingParams(max_new_tokens=12)) for p in prompts]
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await until(lambda: rt.stats().generated_tokens >= 5 * 6, poll=0)   # halfway through decoding
     res = await rt.control(PauseGeneration(mode))
     assert res.ok and rt.snapshot().pause_mode == mode and rt.server_state == "serving"
     await rt.quiesce()
@@ -163,7 +163,7 @@ async def test_pause_and_continue_give_the_same_tokens(mode):
 async def test_pause_abort_ends_everything_in_flight():
     rt, engine, rec, _ = await make_runtime()
     hs = [rt.generate([i], SamplingParams(max_new_tokens=40)) for i in range(1, 9)]
-    await asyncio.sleep(0)
+    await until(lambda: rt.stats().running == 8, poll=0)
     bad = await rt.control(PauseGeneration("sideways"))
     assert not bad.ok and "unknown pause mode" in bad.message and rt.server_state == "serving"
     res = await rt.control(PauseGeneration("abort"))
@@ -229,7 +229,7 @@ async def test_abort_all_over_ten_thousand_queued_requests_ends_each_aborted_exa
     (and a few running ones) ends each of them aborted, once, and leaves nothing held."""
     rt, engine, rec, _ = await make_runtime()
     running = [rt.generate([1, i], SamplingParams(max_new_tokens=50, ignore_eos=True)) for i in range(3)]
-    await asyncio.sleep(0)
+    await until(lambda: rt.stats().running == 3, poll=0)
     assert (await rt.control(PauseGeneration("in_place"))).ok
     queued = [rt.generate([2, i % 97], SamplingParams(max_new_tokens=5)) for i in range(10_000)]
     await rt.quiesce()
@@ -247,16 +247,6 @@ async def test_abort_all_over_ten_thousand_queued_requests_ends_each_aborted_exa
     assert sorted(ends) == sorted((h.rid, "aborted") for h in running + queued)
     assert_nothing_held(rt)
     await rt.shutdown()
-
-
-async def turns_until(pred, turns: int = 1000) -> None:
-    """Let the event loop run callbacks (actor turns) until `pred` holds; bounded in turns, not
-    in time (a step blocked in its thread keeps `quiesce` from returning)."""
-    for _ in range(turns):
-        if pred():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached")
 
 
 async def test_flush_refused_when_busy_waits_with_timeout_and_times_out():
@@ -281,7 +271,8 @@ async def test_flush_refused_when_busy_waits_with_timeout_and_times_out():
     gate.clear()
     h2 = rt.generate([7, 8], SamplingParams(max_new_tokens=1))
     pending = rt.control(FlushCache(timeout_s=2))
-    await turns_until(lambda: any(e.event == "wait" for e in rec.events(kind="control")[-3:]))
+    # a step blocked in its thread keeps `quiesce` from returning: wait on the record instead
+    await until(lambda: any(e.event == "wait" for e in rec.events(kind="control")[-3:]), poll=0)
     clock.advance(2.0)                             # the timeout's timer is armed: fire it
     res = await pending
     assert not res.ok and "timed out" in res.message
@@ -369,7 +360,7 @@ async def test_a_thousand_concurrent_requests_with_random_aborts_and_pauses(in_t
             controls.append(asyncio.ensure_future(rt.control(FlushCache())))
         if i % 10 == 0:
             for _ in range(rng.randrange(0, 4)):
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # sleep-ok: a random number of loop turns between arrivals is the chaos
     await asyncio.gather(*controls)
     await rt.control(ContinueGeneration())
     outs = await asyncio.wait_for(asyncio.gather(*(h.stream.final() for h in handles)), 120)

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from http_support import assert_error, load_tiny, settle
+from http_support import assert_error, load_tiny, settle, until
 from test_http_control import Stall, serve
 
 GEN = {"text": "hi", "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
@@ -22,14 +22,6 @@ def _step_notes(rec) -> int:
     return sum(1 for e in rec.events(kind="scheduler") if e.event in ("step", "drain_step"))
 
 
-async def _until(cond, what: str) -> None:
-    for _ in range(2000):
-        if cond():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(what)
-
-
 async def test_pause_wait_drains_the_running_request_admits_none_then_pauses(tiny):
     async with serve(tiny) as (http, rt, rec):
         stall = Stall(rt.engine)
@@ -37,9 +29,9 @@ async def test_pause_wait_drains_the_running_request_admits_none_then_pauses(tin
         a = asyncio.ensure_future(http.post("/generate", json=GEN))
         assert await asyncio.to_thread(stall.started.wait, 10)       # A's first step is held
         b = asyncio.ensure_future(http.post("/generate", json={**GEN, "rid": "b-queued"}))
-        await _until(lambda: any(x.rid == "b-queued" for x in rt.live_actors()), "b never arrived")
+        await until(lambda: any(x.rid == "b-queued" for x in rt.live_actors()), what="b-queued in the runtime")
         pause = asyncio.ensure_future(http.post("/pause", params={"mode": "wait"}))
-        await _until(lambda: rt.scheduler.state.name == "pausing", "the wait pause never became pending")
+        await until(lambda: rt.scheduler.state.name == "pausing", what="the wait pause pending")
         stall.release()
         r = await pause
         assert r.status == 200, await r.text()  # noqa
@@ -85,7 +77,7 @@ async def test_pause_abort_ends_the_running_request_with_partial_output_and_is_a
             **GEN["sampling_params"], "max_new_tokens": 50}}))
         assert await asyncio.to_thread(stall.started.wait, 10)
         pause = asyncio.ensure_future(http.post("/pause"))                 # mode=abort by default
-        await _until(lambda: rt.scheduler.state.name == "pausing", "the pause never became pending")
+        await until(lambda: rt.scheduler.state.name == "pausing", what="the pause pending")
         stall.release()
         r = await pause
         assert r.status == 200 and await r.json() == {"status": "paused"}
@@ -96,7 +88,7 @@ async def test_pause_abort_ends_the_running_request_with_partial_output_and_is_a
         snap = await (await http.get("/is_paused")).json()
         assert snap["is_paused"] is True and snap["mode"] == "abort"
         late = asyncio.ensure_future(http.post("/generate", json=GEN))      # queues; nothing steps
-        await _until(lambda: len(rt.live_actors()) == 1, "the late request never arrived")
+        await until(lambda: len(rt.live_actors()) == 1, what="the late request in the runtime")
         await rt.quiesce()
         assert _step_notes(rec) == steps and not late.done()
         assert (await http.post("/resume")).status == 200
@@ -111,7 +103,7 @@ async def test_pause_keep_parks_the_request_and_resume_finishes_it(tiny):
         a = asyncio.ensure_future(http.post("/generate", json=GEN))
         assert await asyncio.to_thread(stall.started.wait, 10)
         pause = asyncio.ensure_future(http.post("/pause", params={"mode": "keep"}))
-        await _until(lambda: rt.scheduler.state.name == "pausing", "the pause never became pending")
+        await until(lambda: rt.scheduler.state.name == "pausing", what="the pause pending")
         stall.release()
         assert (await pause).status == 200
         snap = await (await http.get("/is_paused")).json()

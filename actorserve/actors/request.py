@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from ..messages import (
     DEADLINE_EXCEEDED, Aborted, Delivered, Failed, Paused, PoolOut, PrefillProgress, QueueTimeout, Release,
-    RequestOutput, Resumed, Retracted, Scheduled, SessionEnd, TokenOut,
+    RequestOutput, Resumed, Retracted, Scheduled, SessionEnd, TokenOut, merge_outputs,
 )
 from ..statemachines import GENERATION, POOLING, Lifecycle
 from .actor import Actor, handles
@@ -100,19 +100,7 @@ class OutputStream:
         if self.on_final is not None and last.finished:
             cb, self.on_final = self.on_final, None
             cb(self.rid)
-        if len(items) == 1:
-            return last
-        merged = items[0]
-        merged.text = "".join(it.text for it in items)
-        merged.token_ids = [t for it in items for t in it.token_ids]
-        lps = [lp for it in items if it.logprobs for lp in it.logprobs]
-        merged.logprobs = lps if lps or items[0].logprobs is not None else None
-        for f in ("finished", "finish_reason", "error", "pooled", "prompt_tokens",
-                  "completion_tokens", "cached_tokens", "matched_stop", "aborted_in", "spec",
-                  "weight_versions"):
-            setattr(merged, f, getattr(last, f))
-        merged.timings = last.timings
-        return merged
+        return merge_outputs(items)
 
 
 class RequestActor(Actor):

@@ -55,7 +55,7 @@ from .output import outputs_done
 from .scheduler_control import SchedulerControl
 from .scheduler_memory import SchedulerMemory
 from .scheduler_stats import SchedulerStats, stats_of
-from .step_outputs import V, capacity, decide, step_end_note, step_note
+from .step_outputs import V, decide, step_end_note, step_note
 
 K = SchedulerState
 _ISOLATING = (K.isolating, K.isolating_pausing)
@@ -123,7 +123,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         if msg.rid in self.seqs:
             self._end(seq, actor, Failed(msg.rid, f"duplicate request id {msg.rid!r}"))
             return
-        room = capacity(self.engine.info)
+        room = self.engine.info.capacity
         if seq.num_tokens >= room:
             self._end(seq, actor, Failed(msg.rid, f"prompt of {seq.num_tokens} tokens leaves no room "
                                                   f"to generate (capacity {room} tokens)"))
@@ -212,7 +212,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         while a memory tag is released (`scheduler_memory`): requests queue until the resume."""
         if self.released:
             return False
-        self.policy.max_len = capacity(self.engine.info)
+        self.policy.max_len = self.engine.info.capacity
         plan = self.policy.plan(self.running, [] if drain else [self.probe_lane, self.lane], self.bm)
         rec = self.system.recorder if self.system is not None else None
         if plan.retracted:

@@ -39,17 +39,12 @@ class Verdict(NamedTuple):
     value: Any = None        # pooled: the values; fail: the error; token: the `TokenItem`
 
 
-def capacity(info: Any) -> int:
-    """The most tokens a sequence can hold: the model's context, or the whole KV cache."""
-    return min(info.max_model_len, info.num_blocks * info.block_size)
-
-
 def finish_reason(seq: Any, tok: int, info: Any, grammar_done: bool = False) -> str | None:
     """Whether `tok` (already appended to `seq.output_ids`) ends the request, and why."""
     sp = seq.sampling
     if grammar_done or tok in sp.stop_token_ids or (not sp.ignore_eos and tok in info.eos_token_ids):
         return "stop"
-    if len(seq.output_ids) >= sp.max_new_tokens or seq.num_tokens >= capacity(info):
+    if len(seq.output_ids) >= sp.max_new_tokens or seq.num_tokens >= info.capacity:
         return "length"
     return None
 

@@ -70,6 +70,18 @@ class EngineInfo:
     dtype: str = "float32"          # the weights' and the KV cache's (sampling is always fp32)
     attention: str = ""             # how decode attention runs, and why (`engine.decode_kernel`)
 
+    @property
+    def capacity(self) -> int:
+        """Tokens one sequence may hold (prompt + output): `context_capacity` of this engine."""
+        return context_capacity(self.max_model_len, self.num_blocks, self.block_size)
+
+
+def context_capacity(max_model_len: int | None, num_blocks: int, block_size: int) -> int:
+    """Tokens one sequence may hold (prompt + output): the model's context length, at most
+    what the KV cache holds (``num_blocks * block_size``); None: the KV cache alone."""
+    kv = num_blocks * block_size
+    return kv if max_model_len is None else min(int(max_model_len), kv)
+
 
 @runtime_checkable
 class Engine(Protocol):
@@ -106,7 +118,7 @@ def engine_info(model: Any, *, num_blocks: int, block_size: int, tokenizer: Any 
     window = getattr(cfg, "sliding_window", None)
     if window and getattr(cfg, "use_sliding_window", True):
         limit = min(limit, int(window))
-    limit = min(limit, num_blocks * block_size)
+    limit = context_capacity(limit, num_blocks, block_size)
     if max_model_len:
         limit = min(limit, int(max_model_len))
     name = (model_name or getattr(model, "actorserve_name", None)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .base import context_capacity
 from .block_manager import BlockManager
 from .lane import Lane
 from .sequence import Sequence
@@ -182,7 +183,7 @@ class BatchPolicy:
         if not eligible(seq):
             return False
         sp = seq.sampling
-        limit = bm.num_blocks * bm.block_size if self.max_len is None else min(self.max_len, bm.num_blocks * bm.block_size)
+        limit = context_capacity(self.max_len, bm.num_blocks, bm.block_size)
         room = min(sp.max_new_tokens - len(seq.output_ids), limit - seq.num_tokens)
         k = min(self.spec.num_tokens, budget - 1, room - 1)
         draft = propose(seq, self.spec, k) if k > 0 else []

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from . import prompt_logprobs as prompt_lp
-from .base import SeqOutput
-from .runner import Sampler, _SamplingRunner, engine_info
+from .base import SeqOutput, engine_info
+from .sampling_runner import Sampler, _SamplingRunner
 from .sequence import Sequence
 
 

@@ -45,12 +45,12 @@ import json
 import math
 import re
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .lora_adapter import LoraAdapter
 from .lora_step import Combo, LoraStep
 from .paged_attention import StepPlan
 from .sequence import LoraRef, Sequence
@@ -87,23 +87,6 @@ class LoraInUse(LoraError):
 
 class LoraNotLoaded(LoraError):
     """A name (or a sequence's `LoraRef`) that no slot holds (any more)."""
-
-
-@dataclass(slots=True)
-class LoraAdapter:
-    """One adapter as the step reads it: per (layer, module) its A ``[r, in]`` and B ``[out, r]``
-    (B already multiplied by `scaling`), float32."""
-
-    name: str
-    path: str
-    rank: int
-    alpha: float
-    scaling: float
-    modules: tuple[str, ...]                  # the modules it targets, in SUPPORTED_MODULES order
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
-    key: bytes                                # digest of its config and weights
-    nbytes: int = 0
-    layers: frozenset[int] = field(default_factory=frozenset)
 
 
 def model_shapes(layers: list[Any]) -> dict[tuple[int, str], tuple[int, int]]:

@@ -27,7 +27,7 @@ import torch
 from . import cbuild
 
 if TYPE_CHECKING:
-    from .lora import LoraAdapter
+    from .lora_adapter import LoraAdapter
 
 log = logging.getLogger(__name__)
 

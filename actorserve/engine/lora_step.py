@@ -28,7 +28,7 @@ import torch
 from . import lora_kernel
 
 if TYPE_CHECKING:
-    from .lora import LoraAdapter
+    from .lora_adapter import LoraAdapter
 
 LayerHook = Callable[[str, torch.Tensor, torch.Tensor], None]
 

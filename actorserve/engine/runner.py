@@ -22,15 +22,16 @@ the full-vocabulary log-softmax (score/rerank/classify through the LM head) or, 
 ids or the block table: the scheduler owns them.
 
 `HFFallbackRunner` (`hf_fallback`) serves any other causal LM with the plain HF forward and
-HF's own KV cache, one sequence at a time. `build_engine` picks between them.
+HF's own KV cache, one sequence at a time; what both share (the sampler, a step's final rows
+into outputs) is `sampling_runner`'s. `build_engine` picks between them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -44,96 +45,19 @@ from .decode_kernel import load as load_decode_kernel
 from .families import PAGED_MODEL_TYPES, Family, apply_rope, family_of, project_qkv, supports_paged
 from .paged_attention import PagedKV, StepPlan, paged_attention, plan_step
 from .fused_step import FusedStep
+from .hf_fallback import HFFallbackRunner
 from .lora import LoraSlots
 from .lora_step import LayerHook, LoraStep
 from .lora_step import down as lora_down
 from .lora_step import mlp as lora_mlp
 from .quant import GATE_UP_GROUP, MAX_ROWS, step_pool
 from .quant import _Lib as quant_lib
+from .sampling_runner import Sampler, _SamplingRunner
 from .sequence import Sequence
 from .speculative import accepted
 
 __all__ = ["PAGED_MODEL_TYPES", "HFFallbackRunner", "PagedLlamaRunner", "build_engine",
            "engine_info", "supports_paged"]
-
-if TYPE_CHECKING:
-    from .hf_fallback import HFFallbackRunner
-
-Sampler = Callable[[torch.Tensor, list[Sequence]], list[tuple[int, float, list[tuple[int, float]] | None]]]
-
-
-def _default_sampler() -> Sampler:
-    from .sampling import sample   # another module; imported on first use
-    return sample
-
-
-class _SamplingRunner:
-    """What both runners share: the sampler (the default one made on first use) and the
-    grammar backend of constrained requests (`engine.grammar`; None without a tokenizer)."""
-
-    _sampler: Sampler | None
-    grammar: Any = None
-
-    def _grammar_for(self, tokenizer: Any) -> None:
-        if tokenizer is not None:
-            from .grammar import GrammarBackend
-            self.grammar = GrammarBackend(tokenizer, vocab_size=self.info.vocab_size,
-                                          stop_token_ids=self.info.eos_token_ids)
-
-    def _finish(self, outputs: list[SeqOutput], seqs: list[Sequence], where: list[int],
-                hidden: torch.Tensor, logits_of: Callable[[list[int]], torch.Tensor]) -> None:
-        _finish(outputs, seqs, where, hidden, logits_of, self.sampler, self.grammar)
-
-    @property
-    def sampler(self) -> Sampler:
-        if self._sampler is None:
-            self._sampler = _default_sampler()
-        return self._sampler
-
-
-def _finish(outputs: list[SeqOutput], seqs: list[Sequence], where: list[int], hidden: torch.Tensor,
-            logits_of: Callable[[list[int]], torch.Tensor], sampler: Sampler, grammar: Any = None) -> None:
-    """Fill ``outputs[where[i]]`` for each finishing member ``seqs[i]``: sample a token, or
-    pool. `hidden` holds their final-normed last rows; ``logits_of(idx)`` gives the logits
-    of the members ``idx``, computed only for those that need them. A constrained member's
-    matcher is made before its first draw and advanced by each drawn token (`engine.grammar`)."""
-    gen = [i for i, s in enumerate(seqs) if s.pooling is None]
-    head = [i for i, s in enumerate(seqs) if s.pooling is not None and s.pooling.task != "embed"]
-    logits = logits_of(gen + head).float() if gen or head else None
-    if gen:
-        gen_seqs = [seqs[i] for i in gen]
-        constrained = [s for s in gen_seqs if s.sampling.grammar is not None]
-        if constrained:
-            if grammar is None:
-                raise RuntimeError("a constrained request reached an engine without a grammar backend")
-            grammar.ensure(constrained)
-        picked = sampler(logits[:len(gen)], gen_seqs)
-        ids = prompt_lp.ids_logprobs(logits[:len(gen)], gen_seqs) \
-            if any(s.sampling.token_ids_logprob for s in gen_seqs) else [None] * len(gen)
-        for i, (tok, lp, top), ids_lp in zip(gen, picked, ids):
-            out = outputs[where[i]]
-            out.token_id = int(tok)
-            if seqs[i].sampling.logprobs:
-                out.logprob, out.top_logprobs = (None if lp is None else float(lp)), top
-                out.ids_logprobs = ids_lp
-            if seqs[i].prompt_logprob_from is not None:      # its first token: hand them over
-                out.prompt_logprobs = prompt_lp.assemble(seqs[i])
-            if seqs[i].grammar is not None:
-                from .grammar import accept
-                verdict = accept(seqs[i], out.token_id)
-                out.stop = verdict == "stop"
-                out.error = verdict if verdict not in (None, "stop") else None
-    for j, i in enumerate(head):
-        outputs[where[i]].pooled = torch.log_softmax(logits[len(gen) + j], dim=-1).clone()
-    for i, s in enumerate(seqs):
-        if s.pooling is not None and s.pooling.task == "embed":
-            vec = hidden[i].float()
-            if s.pooling.dimensions:
-                vec = vec[:s.pooling.dimensions]
-            if s.pooling.normalize:
-                vec = F.normalize(vec, dim=-1)
-            outputs[where[i]].pooled = vec.clone()
-
 
 class PagedLlamaRunner(_SamplingRunner):
     """Paged-KV runner over a Llama-family HF model (see the module docstring)."""
@@ -380,16 +304,6 @@ def build_engine(model: Any, **kw: Any) -> PagedLlamaRunner | HFFallbackRunner:
     serves no adapters, its ``lora`` is None)."""
     if supports_paged(model):
         return PagedLlamaRunner(model, **kw)
-    from .hf_fallback import HFFallbackRunner
     for key in ("decode_attention", "max_loaded_loras", "max_lora_rank"):
         kw.pop(key, None)
     return HFFallbackRunner(model, **kw)
-
-
-def __getattr__(name: str) -> Any:
-    """``HFFallbackRunner`` lives in `hf_fallback` (which imports this module, so it cannot be
-    imported here at load time in either order); still importable from here."""
-    if name == "HFFallbackRunner":
-        from .hf_fallback import HFFallbackRunner
-        return HFFallbackRunner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,6 @@ started and shut down in a ``cleanup_ctx`` step, so the app owns its lifetime.
 
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Any, AsyncIterator
 
@@ -26,40 +25,16 @@ from . import classify_routes, profile_routes, reasoning_routes, score_routes, t
 from . import lora_routes, memory_routes, vllm_control_routes, weights_dist_routes, weights_routes
 from .openapi import openapi_handler
 from .responses_background import BackgroundRuns
-from .errors import APIError, error_middleware, error_response
+from .auth import auth_middleware, open_paths
+from .errors import error_middleware
 from .metrics import Metrics, metrics_handler
 from .state import CTX, ServerContext
-
-OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/openapi.json"})
-
-
-def open_paths(config: ServerConfig) -> frozenset[str]:
-    """Paths that need no API key: `OPEN_PATHS`, and `/metrics` with ``--metrics-auth open``
-    (vLLM leaves it open; here it is behind the key unless chosen, the safer default)."""
-    return OPEN_PATHS | {"/metrics"} if config.metrics_auth == "open" else OPEN_PATHS
-
 
 async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
     """A client's ``X-Request-Id`` comes back on its response (errors and streams too)."""
     rid = request.headers.get("X-Request-Id")
     if rid is not None and len(rid) <= 256 and rid.isprintable():
         response.headers["X-Request-Id"] = rid
-
-
-def auth_middleware(api_key: str | None, open_: frozenset[str] = OPEN_PATHS) -> Any:
-    expected = f"Bearer {api_key}".encode() if api_key else None
-
-    @web.middleware
-    async def check_key(request: web.Request, handler: Any) -> web.StreamResponse:
-        if expected is not None and request.path not in open_:
-            got = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(got, expected):
-                return error_response(APIError(401, "invalid or missing API key "
-                                                    "(send Authorization: Bearer <key>)",
-                                               code="invalid_api_key"))
-        return await handler(request)
-
-    return check_key
 
 
 async def _runtime_lifetime(app: web.Application) -> AsyncIterator[None]:

@@ -21,7 +21,8 @@ from typing import Any, AsyncIterator
 
 from ..actors.surface import RequestHandle
 from ..engine.params import SamplingParams
-from ..messages import QUEUE_TIMEOUT, RequestOutput, SessionBegin, SessionEnd
+from ..messages import QUEUE_TIMEOUT, RequestOutput, SessionBegin, SessionEnd, merge_outputs
+from ..messages_lora import is_lora_refusal
 from .errors import APIError
 from .state import ServerContext
 
@@ -124,6 +125,16 @@ def session_rid(rid: str | None) -> str:
     return rid or uuid.uuid4().hex
 
 
+def fail_if_error(outs: list[RequestOutput]) -> None:
+    """A request that failed is the answer's error: a 404 when its adapter went away after the
+    route checked it (the scheduler's refusal), else a 500."""
+    for o in outs:
+        if o.finish_reason == "error":
+            if is_lora_refusal(o.error):
+                raise APIError(404, o.error, code="model_not_found", param="model")
+            raise APIError(500, f"generation failed: {o.error}", type="server_error")
+
+
 def _queue_timed_out(out: RequestOutput) -> None:
     """``--max-queue-time`` ended the request while queued: SGLang's answer, a 503."""
     if out.finished and out.finish_reason == "abort" and out.error == QUEUE_TIMEOUT:
@@ -187,25 +198,11 @@ class RequestGroup:
             job.finished = True
 
     async def collect(self, job: Job) -> RequestOutput:
-        merged = RequestOutput(job.rid)
-        merged.logprobs = None
-        pieces: list[str] = []          # joined once at the end: a long answer's text and
-        logprobs: list[Any] = []        # logprobs are not copied again at every token
+        items: list[RequestOutput] = []
         async for out in job.handle.stream:
             self._seen(job, out)
-            pieces.append(out.text)
-            merged.token_ids.extend(out.token_ids)
-            if out.logprobs:
-                logprobs.extend(out.logprobs)
-                merged.logprobs = logprobs
-            if out.prompt_logprobs is not None:
-                merged.prompt_logprobs = out.prompt_logprobs
-            if out.finished:
-                for f in ("finished", "finish_reason", "error", "prompt_tokens", "completion_tokens",
-                          "cached_tokens", "matched_stop", "aborted_in", "spec", "weight_versions"):
-                    setattr(merged, f, getattr(out, f))
-        merged.text = "".join(pieces)
-        return merged
+            items.append(out)
+        return merge_outputs(items) if items else RequestOutput(job.rid)
 
     async def outputs(self, job: Job) -> AsyncIterator[RequestOutput]:
         """One job's outputs as they come, observed like every read (no in-band refusal)."""

@@ -22,17 +22,14 @@ from typing import Any
 from aiohttp import web
 
 from . import sse
-from .constraints import compile_constraint, pick_constraint
+from .constraints import pick_constraint
 from ..messages import QUEUE_TIMEOUT, SessionEnd
 from .errors import APIError, FieldError
-from .generation import (
-    Job, RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling,
-    session_prompt, session_rid,
-)
+from .generation import Job, session_prompt, session_rid
+from .prepare import prepare
 from .logprobs import NativeLogprobs
 from .native_schemas import GenerateRequest
 from .lora_routes import lora_for_paths
-from .schemas import read_json
 from .compat import sglang_server_fields
 from .state import CTX
 from .weight_versions import version_fields
@@ -80,34 +77,28 @@ def prompt_only(out: Any) -> Any:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    ctx = request.app[CTX]
-    check_admission(ctx)           # before the body is even read: a refusal must be cheap
-    body = GenerateRequest.model_validate(await read_json(request))
-    check_accepting(ctx)
+    p = await prepare(request, GenerateRequest, "generate", named=False)
+    ctx, body, group = p.ctx, p.body, p.group
     items, batch = body.items()
-    prompts = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in items]
-    group = RequestGroup(ctx, "generate", deadline_s=body.request_timeout, priority=body.priority)
-    params, constraints, logs = [], {}, []
+    prompts = [ctx.tokenizer.encode(x) if isinstance(x, str) else x for x in items]
+    params, constraints, logs, vetted = [], [], [], []
     zero: set[int] = set()           # inputs with max_new_tokens 0 (`prompt_only`)
     field = "text" if body.text is not None else "input_ids"
+    p.check_prompts((ids, f"{field}.{i}" if batch else field) for i, ids in enumerate(prompts))
     for i, ids in enumerate(prompts):     # every input before the first is submitted
         ns = body.params_for(i, len(prompts))
         where = f"sampling_params.{i}." if isinstance(body.sampling_params, list) else "sampling_params."
         picked = pick_constraint(ns, where)
         if picked is not None:
-            constraints[picked[0]] = picked[1]
-        check_prompt(ctx, ids, f"{field}.{i}" if batch else field)
+            constraints.append(picked)
         logs.append(NativeLogprobs.of(body, i, len(prompts), None if body.session_params else len(ids)))
         params.append(dataclasses.replace(ns.to_params(128, grammar=picked[0] if picked else None),
                                           **logs[-1].sampling()))
         if params[-1].max_new_tokens == 0:      # the prefill samples one token: not answered
             params[-1] = dataclasses.replace(params[-1], max_new_tokens=1)
             zero.add(i)
-        check_sampling(ctx, params[-1], ns.logit_bias,
-                       f"sampling_params.{i}." if isinstance(body.sampling_params, list) else "sampling_params.")
-    check_fanout(sum(sp.n for sp in params), "sampling_params.n")
-    for grammar, param in constraints.items():     # each distinct one once, off the loop
-        await compile_constraint(ctx.runtime, grammar, param)
+        vetted.append((params[-1], ns.logit_bias, where))
+    await p.ready(vetted, constraints, (sum(sp.n for sp in params), "sampling_params.n"))
     loras = await lora_for_paths(ctx, body.lora_path, len(prompts))
     batch = batch or any(sp.n > 1 for sp in params)
     sess = body.session_params

@@ -16,12 +16,19 @@ from .schemas import (
     INT32_MAX, MAX_BATCH, MAX_SESSION_TIMEOUT_S, MAX_TIMEOUT_S, Choices, ChoiceCount, Id, IdBatch,
     IdsBatch, LogitBias, LogprobIds, LogprobStart, MaxNewTokens, MinP, MinTokens, Number, ObjectOrJson,
     Penalty, Priority, RepetitionPenalty, RequestTimeout, Seed, SessionParams, Spec, Stop, StopRegex,
-    StopTokenIds, StrBatch, Temperature, TokenIds, TopK, TopLogprobs, TopP, _Body, bias_pairs,
-    check_min_tokens, stop_patterns,
+    StopTokenIds, StrBatch, Temperature, TokenIds, TopK, TopLogprobs, TopP, _Body,
 )
+from .sampling_fields import to_sampling
 
 
 LoraPath = Annotated[StrictStr, Field(min_length=1, max_length=256)]
+
+
+# what `sampling_params` sends under `SamplingParams`' own names, and SGLang's spellings in errors
+SAMPLED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+           "presence_penalty", "stop", "stop_regex", "stop_token_ids", "logit_bias", "ignore_eos",
+           "skip_special_tokens", "n", "seed")
+NAMES = {"min_tokens": "sampling_params.min_new_tokens", "stop_regex": "sampling_params.stop_regex"}
 
 
 class NativeSampling(_Body):
@@ -55,19 +62,10 @@ class NativeSampling(_Body):
 
     def to_params(self, default_max: int = 128, *, logprobs: bool = False, top: int = 0,
                   grammar: tuple[str, str] | None = None) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        check_min_tokens(self.min_new_tokens, self.max_new_tokens, "sampling_params.min_new_tokens")
-        return SamplingParams(
-            max_new_tokens=default_max if self.max_new_tokens is None else self.max_new_tokens,
-            min_tokens=self.min_new_tokens,
-            stop_regex=stop_patterns(self.stop_regex, "sampling_params.stop_regex"),
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty, stop=tuple(stop),
-            stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
-            skip_special_tokens=self.skip_special_tokens, n=self.n, seed=self.seed,
-            logprobs=logprobs, top_logprobs=top, logit_bias=bias_pairs(self.logit_bias), grammar=grammar,
-            include_stop=self.no_stop_trim)
+        sent = {name: getattr(self, name) for name in SAMPLED}
+        return to_sampling({**sent, "max_new_tokens": self.max_new_tokens, "min_tokens": self.min_new_tokens,
+                            "include_stop": self.no_stop_trim, "logprobs": logprobs, "top_logprobs": top},
+                           default_max, grammar=grammar, names=NAMES)
 
 
 class GenerateRequest(_Body):

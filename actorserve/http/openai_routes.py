@@ -20,36 +20,21 @@ from typing import Any
 from aiohttp import web
 
 from ..messages import RequestOutput
-from ..messages_lora import is_lora_refusal
 from . import sse
 from .compat import ChunkUsage, best_of, model_cards, stop_fields, truncate_prompt
-from .constraints import compile_constraint, pick_constraint
+from .constraints import pick_constraint
 from .errors import APIError, FieldError
-from .generation import (
-    RequestGroup, check_accepting, check_admission, check_fanout, check_prompt, check_sampling, session_prompt, session_rid,
-)
+from .generation import RequestGroup, fail_if_error, session_prompt, session_rid
+from .prepare import prepare
 from .reasoning_plan import ChoiceStream, ReasoningPlan, plan_reasoning, template_kwargs
 from .logprobs import (
     TextOffsets, chat_logprobs, completion_logprobs, prompt_completion_logprobs, vllm_prompt_logprobs,
 )
 from .schemas import SessionParams
-from .schemas import ChatCompletionRequest, CompletionRequest, read_json
+from .schemas import ChatCompletionRequest, CompletionRequest
 from .state import CTX, ServerContext
 from .tools import ToolPlan, plan_tools
 from .weight_versions import response_metadata
-from .lora_routes import is_adapter, lora_for_model
-
-
-def resolve_model(ctx: ServerContext, model: str | None) -> str:
-    """The name the answer gives: the served model, or the LoRA adapter named (as sent,
-    `lora_routes.lora_for_model` picks the adapter); else the 404."""
-    if model is None or model in ctx.model_names():
-        return ctx.served_name
-    if is_adapter(ctx, model):
-        return model
-    raise APIError(404, f"The model `{model}` does not exist; served: {ctx.served_name!r} "
-                        f"(alias {ctx.model_names()[1]!r})", type="invalid_request_error",
-                   code="model_not_found", param="model")
 
 
 def _usage(outs: list[RequestOutput], prompt_tokens: int) -> dict[str, Any]:
@@ -76,30 +61,17 @@ def _no_stream_prompt_logprobs(body: Any) -> None:
         raise FieldError("prompt_logprobs", "prompt_logprobs are not available with stream: true")
 
 
-def _fail_if_error(outs: list[RequestOutput]) -> None:
-    for o in outs:
-        if o.finish_reason == "error":
-            if is_lora_refusal(o.error):      # its adapter went away after the route checked it
-                raise APIError(404, o.error, code="model_not_found", param="model")
-            raise APIError(500, f"generation failed: {o.error}", type="server_error")
-
-
 # -- chat ------------------------------------------------------------------------------------------
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    ctx = request.app[CTX]
-    check_admission(ctx)           # before the body is even read: a refusal must be cheap
-    body = ChatCompletionRequest.model_validate(await read_json(request))
-    model = resolve_model(ctx, body.model)
-    check_accepting(ctx)
+    p = await prepare(request, ChatCompletionRequest, "chat")
+    ctx, body, model, group = p.ctx, p.body, p.model, p.group
     plan = plan_tools(body, ctx.tokenizer, ctx.config.tool_call_parser)
     ids = ctx.tokenizer.apply_chat_template(plan.messages, **template_kwargs(body, plan),
                                             **body.generation_prompt_kwargs())
     ids = truncate_prompt(ids, body.truncate_prompt_tokens, ctx.capacity)
     rplan = plan_reasoning(ctx, body, ids)
-    group = RequestGroup(ctx, "chat", deadline_s=body.request_timeout, priority=body.priority)
-    group.lora = await lora_for_model(ctx, body.model)
     sess = body.session_params or (SessionParams(id=body.session_id) if body.session_id else None)
     if sess is not None and body.n != 1:
         raise APIError(400, "a session request takes n = 1", param="n")
@@ -107,10 +79,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     grammar = constraint[0] if constraint else None
     sp = rplan.sampling(body.sampling(group.default_max(ids), grammar))   # validates before a session is joined
     _no_stream_prompt_logprobs(body)
-    check_prompt(ctx, ids, "messages")
-    check_sampling(ctx, sp, body.logit_bias)
-    if constraint is not None:
-        await compile_constraint(ctx.runtime, *constraint)
+    p.check_prompts([(ids, "messages")])
+    await p.ready([(sp, body.logit_bias, "")], [constraint] if constraint else [])
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     async with group:
@@ -123,7 +93,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             group.submit_n(ids, sp, rid=body.rid)
         if not body.stream:
             outs = await group.collect_all()
-            _fail_if_error(outs)
+            fail_if_error(outs)
             choices, thought = [], 0
             for i, o in enumerate(outs):
                 message, finish = rplan.message(plan, o.text, o.finish_reason)
@@ -196,18 +166,13 @@ async def _stream_chat(request: web.Request, ctx: ServerContext, group: RequestG
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    ctx = request.app[CTX]
-    check_admission(ctx)
-    body = CompletionRequest.model_validate(await read_json(request))
-    model = resolve_model(ctx, body.model)
-    check_accepting(ctx)
+    p = await prepare(request, CompletionRequest, "completion")
+    ctx, body, model, group = p.ctx, p.body, p.model, p.group
     if body.suffix:
         raise FieldError("suffix", "suffix (fill-in-the-middle) is not supported")
     given = body.prompts()
     encoded = [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in given]
     prompts = [truncate_prompt(e, body.truncate_prompt_tokens, ctx.capacity) for e in encoded]
-    group = RequestGroup(ctx, "completion", deadline_s=body.request_timeout, priority=body.priority)
-    group.lora = await lora_for_model(ctx, body.model)
     constraint = _grammar(body)
     grammar = constraint[0] if constraint else None
     params = [body.sampling(group.default_max(ids), grammar) for ids in prompts]
@@ -215,12 +180,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if best.extra:    # the candidates' own logprobs rank them; the answer shows them only if asked
         params = [dataclasses.replace(sp, n=best.candidates, logprobs=True) for sp in params]
     _no_stream_prompt_logprobs(body)
-    for i, ids in enumerate(prompts):     # every prompt before the first is submitted
-        check_prompt(ctx, ids, "prompt" if isinstance(body.prompt, str) or len(prompts) == 1 else f"prompt.{i}")
-    check_sampling(ctx, params[0], body.logit_bias)
-    check_fanout(len(prompts) * params[0].n)
-    if constraint is not None:
-        await compile_constraint(ctx.runtime, *constraint)
+    one = isinstance(body.prompt, str) or len(prompts) == 1
+    p.check_prompts((ids, "prompt" if one else f"prompt.{i}") for i, ids in enumerate(prompts))
+    await p.ready([(params[0], body.logit_bias, "")], [constraint] if constraint else [],
+                  (len(prompts) * params[0].n, "n"))
     cid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     # vLLM's echo: a text prompt as sent, a token-id prompt decoded with its special tokens shown
@@ -248,7 +211,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
         if not body.stream:
             outs = await group.collect_all()
-            _fail_if_error(outs)
+            fail_if_error(outs)
             used = _usage(outs, n_prompt)          # every candidate's tokens were spent
             if best.extra:
                 outs = best.pick(outs)

@@ -12,7 +12,7 @@ for a ``POST``, an optional JSON object body.
 Every error response refers to one schema, ``ErrorResponse``: the OpenAI shape
 ``{"error": {"message", "type", "code", "param"}}`` that `errors.error_middleware` answers
 with. With an API key, every operation but those on the open paths (`app.OPEN_PATHS`) needs
-bearer auth, and says so (``security``, and a 401); `app.open_paths` adds `/metrics` with
+bearer auth, and says so (``security``, and a 401); `auth.open_paths` adds `/metrics` with
 ``--metrics-auth open``. The document is built once per app, on its first request.
 """
 
@@ -32,6 +32,7 @@ from . import (
     cohere_routes, control_routes, debug_routes, health_routes, native_routes, openai_routes, responses_routes,
     lora_routes, pooling_routes, profile_routes, vllm_control_routes, weights_dist_routes, weights_routes,
 )
+from .auth import open_paths
 from .cohere_schemas import CohereEmbedRequest, CohereRerankRequest
 from .responses_schemas import InputItemsQuery, ResponsePath, ResponsesRequest, RetrieveQuery
 from .metrics import metrics_handler
@@ -380,7 +381,6 @@ def build_openapi(app: web.Application, open_paths: Iterable[str]) -> dict[str, 
 
 
 async def openapi_handler(request: web.Request) -> web.Response:
-    from .app import open_paths     # here, not at the top: app imports this module
     ctx = request.app[CTX]
     extra = ctx.extra
     if _CACHE not in extra:

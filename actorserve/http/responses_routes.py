@@ -47,16 +47,13 @@ from typing import Any
 from aiohttp import web
 
 from ..messages import OpenSession, RequestOutput, ResponseBegin, ResponseCancel, ResponseDelete, ResponseEnd
-from ..messages_lora import is_lora_refusal
 from ..statemachines import ResponseState
 from . import responses_background, sse
-from .constraints import compile_constraint, pick_constraint
+from .constraints import pick_constraint
 from .errors import APIError, FieldError
-from .generation import (
-    RequestGroup, check_accepting, check_admission, check_prompt, check_sampling, session_prompt,
-)
-from .openai_routes import chat_logprobs, resolve_model
-from .lora_routes import lora_for_model
+from .generation import RequestGroup, fail_if_error, session_prompt
+from .logprobs import chat_logprobs
+from .prepare import prepare
 from .reasoning_plan import ReasoningPlan, plan_reasoning
 from .responses_items import (
     call_item, chat_tool_choice, chat_tools, message_item, read_input, response_id, response_object,
@@ -64,7 +61,7 @@ from .responses_items import (
 )
 from .responses_schemas import InputItemsQuery, ResponsesRequest, RetrieveQuery
 from .responses_stream import STATUS_OF, EventStream
-from .schemas import SessionParams, read_json
+from .schemas import SessionParams
 from .state import CTX, ServerContext
 from .tools import ToolPlan, plan_tools
 
@@ -166,26 +163,18 @@ async def _open_session(ctx: ServerContext, sid: str) -> None:
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
-    ctx = request.app[CTX]
-    check_admission(ctx)
-    body = ResponsesRequest.model_validate(await read_json(request))
-    body.check()
-    model = resolve_model(ctx, body.model)
-    check_accepting(ctx)
+    p = await prepare(request, ResponsesRequest, "responses")
+    ctx, body, model, group = p.ctx, p.body, p.model, p.group
+    assert model is not None
     items = read_input(body.input)
     parent = _previous(ctx, body)
     conversation = list(parent["conversation"]) if parent else []
     plan, text, ids = _fit(ctx, body, conversation + to_messages(items))
     constraint = _constraint(body, plan)
     rplan = plan_reasoning(ctx, body, ids)
-    group = RequestGroup(ctx, "responses", deadline_s=body.request_timeout, priority=body.priority)
-    group.lora = await lora_for_model(ctx, body.model)      # an adapter's KV is its own (the prefix cache's salt)
-    check_prompt(ctx, ids, "input")
-    check_sampling(ctx, rplan.sampling(body.sampling(group.default_max(ids),
-                                                     constraint[0] if constraint else None)),
-                   body.logit_bias)
-    if constraint is not None:
-        await compile_constraint(ctx.runtime, *constraint)
+    p.check_prompts([(ids, "input")])
+    sp = rplan.sampling(body.sampling(group.default_max(ids), constraint[0] if constraint else None))
+    await p.ready([(sp, body.logit_bias, "")], [constraint] if constraint else [])
     # with a replica id (--replica-id, a fleet's r<i>) the id names this replica (`response_id`)
     rid, created = response_id(ctx.config.recorder.replica_id), time.time()
     rt = ctx.runtime
@@ -215,10 +204,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             if not body.stream:
                 out = await group.collect(job)
                 obj = run.finish(out, None)
-                if out.finish_reason == "error":
-                    if is_lora_refusal(out.error):      # its adapter went away after the check
-                        raise APIError(404, out.error, code="model_not_found", param="model")
-                    raise APIError(500, f"generation failed: {out.error}", type="server_error")
+                fail_if_error([out])
                 return web.json_response(obj)
             return await _stream(request, run, group)
     finally:

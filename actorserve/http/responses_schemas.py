@@ -12,9 +12,10 @@ from pydantic import BaseModel, Field, StrictBool, StrictStr, WithJsonSchema
 from ..engine.params import SamplingParams
 from .errors import FieldError
 from .schemas import (
-    Id, MaxTokens, Priority, RequestTimeout, Seed, Temperature, TopLogprobs, TopP, _Body, bias_pairs, LogitBias,
+    Id, MaxTokens, Priority, RequestTimeout, Seed, Temperature, TopLogprobs, TopP, _Body, LogitBias,
 )
 from .reasoning_fields import ThinkingBudgetFields
+from .sampling_fields import to_sampling
 
 _INPUT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}, "minItems": 1}]}
 Input = Annotated[Any, WithJsonSchema(_INPUT)]
@@ -74,15 +75,11 @@ class ResponsesRequest(_Body, ThinkingBudgetFields):     # + the thinking budget
         return LOGPROBS_INCLUDE in (self.include or ())
 
     def sampling(self, default_max: int, grammar: tuple[str, str] | None) -> SamplingParams:
-        kw: dict[str, Any] = {}
-        if self.temperature is not None:
-            kw["temperature"] = self.temperature
-        if self.top_p is not None:
-            kw["top_p"] = self.top_p
-        return SamplingParams(
-            max_new_tokens=self.max_output_tokens or default_max, seed=self.seed,
-            logprobs=self.want_logprobs, top_logprobs=(self.top_logprobs or 0) if self.want_logprobs else 0,
-            logit_bias=bias_pairs(self.logit_bias), grammar=grammar, ignore_eos=self.ignore_eos, **kw)
+        return to_sampling({"max_new_tokens": self.max_output_tokens, "temperature": self.temperature,
+                            "top_p": self.top_p, "seed": self.seed, "logprobs": self.want_logprobs,
+                            "top_logprobs": (self.top_logprobs or 0) if self.want_logprobs else 0,
+                            "logit_bias": self.logit_bias, "ignore_eos": self.ignore_eos},
+                           default_max, grammar=grammar)
 
 
 class InputItemsQuery(_Body):

@@ -41,6 +41,7 @@ from .errors import FieldError
 from .noop_fields import drop_noop_fields
 from .reasoning_fields import ChatReasoningFields
 from .safe_json import read_json
+from .sampling_fields import to_sampling
 
 __all__ = ["read_json"]      # re-exported: the routes read bodies through here
 
@@ -181,6 +182,12 @@ class SessionParams(_Body):
     drop_previous_output: StrictBool = False
 
 
+# what an OpenAI body sends under `SamplingParams`' own names (None: not sent)
+SAMPLED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+           "presence_penalty", "stop", "stop_regex", "stop_token_ids", "min_tokens", "logit_bias",
+           "ignore_eos", "seed", "n", "skip_special_tokens")
+
+
 class _OpenAICommon(_Body):
     ignored = OPENAI_IGNORED
     model: StrictStr | None = None
@@ -228,56 +235,14 @@ class _OpenAICommon(_Body):
     def continuous_usage(self) -> bool:
         return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
-    def _base(self, max_tokens: int | None, default_max: int, logprobs: bool, top: int) -> dict[str, Any]:
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        check_min_tokens(self.min_tokens, max_tokens, "min_tokens")
-        kw: dict[str, Any] = {
-            "max_new_tokens": default_max if max_tokens is None else max_tokens,
-            "min_tokens": self.min_tokens, "stop_regex": stop_patterns(self.stop_regex),
-            "stop": tuple(stop), "stop_token_ids": tuple(self.stop_token_ids or ()),
-            "ignore_eos": self.ignore_eos, "seed": self.seed, "n": self.n,
-            "logprobs": logprobs, "top_logprobs": top,
-            "skip_special_tokens": self.skip_special_tokens,
-            "logit_bias": bias_pairs(self.logit_bias),
-            "include_stop": self.include_stop_str_in_output or self.no_stop_trim,
-        }
+    def _sampling(self, max_tokens: int | None, default_max: int, grammar: tuple[str, str] | None,
+                  **more: Any) -> SamplingParams:
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options can only be set with stream: true")
-        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                     "frequency_penalty", "presence_penalty"):
-            value = getattr(self, name)
-            if value is not None:
-                kw[name] = value
-        return kw
-
-
-def check_min_tokens(min_tokens: int, max_tokens: int | None, param: str) -> None:
-    """vLLM's rule and words: at least as many tokens as asked for cannot exceed the most."""
-    if max_tokens is not None and min_tokens > max_tokens:
-        raise FieldError(param, f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
-                                f"got {min_tokens}.")
-
-
-def stop_patterns(value: str | list[str] | None, param: str = "stop_regex") -> tuple[str, ...]:
-    """SGLang's ``stop_regex`` as patterns the detokenizer can search: each must compile and
-    must not match the empty text (it would stop every request before its first token)."""
-    import regex      # transformers' own dependency; `regex` can report a partial match
-
-    pats = [value] if isinstance(value, str) else list(value or ())
-    for i, pat in enumerate(pats):
-        where = param if isinstance(value, str) else f"{param}.{i}"
-        try:
-            compiled = regex.compile(pat)
-        except regex.error as exc:
-            raise FieldError(where, f"{where} is not a valid regular expression: {exc}") from None
-        if compiled.search("") is not None:
-            raise FieldError(where, f"{where} matches the empty text, so it would stop every request at once")
-    return tuple(pats)
-
-
-def bias_pairs(bias: dict[str, Any] | None) -> tuple[tuple[int, float], ...]:
-    """``logit_bias`` ({"token id": bias}; keys checked against the vocabulary in `generation`)."""
-    return tuple((int(k), float(v)) for k, v in (bias or {}).items() if k.isascii() and k.isdigit())
+        sent = {name: getattr(self, name) for name in SAMPLED}
+        return to_sampling({**sent, "max_new_tokens": max_tokens,
+                            "include_stop": self.include_stop_str_in_output or self.no_stop_trim, **more},
+                           default_max, grammar=grammar)
 
 
 class ChatCompletionRequest(_OpenAICommon, ChatReasoningFields):     # reasoning: `reasoning_fields`
@@ -315,7 +280,7 @@ class ChatCompletionRequest(_OpenAICommon, ChatReasoningFields):     # reasoning
         top = self.top_logprobs or 0
         if top and not self.logprobs:
             raise FieldError("top_logprobs", "top_logprobs requires logprobs: true")
-        return SamplingParams(**self._base(mt, default_max, self.logprobs, top), grammar=grammar,
+        return self._sampling(mt, default_max, grammar, logprobs=self.logprobs, top_logprobs=top,
                               prompt_logprobs=self.prompt_logprobs)
 
 
@@ -344,5 +309,5 @@ class CompletionRequest(_OpenAICommon):
             default_max = min(DEFAULT_COMPLETION_TOKENS, default_max)
         lp = self.logprobs
         plp = lp if self.prompt_logprobs is None and self.echo else self.prompt_logprobs   # vLLM's rule
-        return SamplingParams(**self._base(mt, default_max, lp is not None, lp or 0), grammar=grammar,
+        return self._sampling(mt, default_max, grammar, logprobs=lp is not None, top_logprobs=lp or 0,
                               prompt_logprobs=plp)

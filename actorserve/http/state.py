@@ -32,8 +32,7 @@ class ServerContext:
     @property
     def capacity(self) -> int:
         """Tokens one sequence may hold (prompt + output)."""
-        info = self.runtime.engine_info
-        return min(info.max_model_len, info.num_blocks * info.block_size)
+        return self.runtime.engine_info.capacity
 
     def model_names(self) -> tuple[str, str]:
         return (self.served_name, DEFAULT_ALIAS)

@@ -214,3 +214,16 @@ def check(events: Iterable[Event], *, require_terminal: bool = True,
     viol.sort(key=lambda v: (v.seq if v.seq >= 0 else 1 << 62))
     return Report(requests, terminal, viol, is_open, in_flight,
                   events[-1].t_ns if events else None, cut, lost)
+
+
+def stale_definitions(header: dict) -> list[str]:
+    """The lifecycles a recording's header names whose definition is not today's (gone, or
+    another definition hash): one line each, empty when all match."""
+    out = []
+    for name, d in (header.get("lifecycles") or {}).items():
+        lc = LIFECYCLES.get(name)
+        if lc is None:
+            out.append(f"{name}: no longer defined")
+        elif d.get("hash") != lc.definition_hash:
+            out.append(f"{name}: recorded under definition {d.get('hash')}, today's is {lc.definition_hash}")
+    return out

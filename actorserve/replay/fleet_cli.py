@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 
+from .check import stale_definitions
 from .fleet import Replica, check_each, cross_check, load_replicas, merged
 
 CUT = "cut (its process was killed: no end marker, and a later incarnation took its path)"
@@ -59,13 +60,8 @@ def _picture(args: argparse.Namespace, reps: list[Replica]) -> int:
         status = "; ".join([f"{len(reps)} replicas on one clock: {names}", *_clock_note(reps)])
         text = to_fleet_html(reps, rid=args.rid, status=status,
                              title=f"actorserve replay: {len(reps)} replicas")
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
-        print(f"wrote {args.out}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    from .render import emit       # with the renderers: loaded only to draw
+    return emit(text, args.out)
 
 
 def _timeline(reps: list[Replica], rid: str) -> int:
@@ -88,7 +84,6 @@ def _reexecute(args: argparse.Namespace, reps: list[Replica]) -> int:
 
     from ..engine.batching import BatchConfig
     from .reexec import RecordingError, reexecute
-    from .replay_cli import _stale_definitions
 
     limits = {k: getattr(args, k) for k in ("max_num_seqs", "max_batch_tokens", "max_prefill_chunk")
               if getattr(args, k) is not None}
@@ -109,7 +104,7 @@ def _reexecute(args: argparse.Namespace, reps: list[Replica]) -> int:
         worst = max(worst, 0 if report.ok else 1)
     if args.json:
         print(json.dumps({"ok": worst == 0, "replicas": [
-            {"replica": r.name, "path": r.path, "stale_definitions": _stale_definitions(r.header),
+            {"replica": r.name, "path": r.path, "stale_definitions": stale_definitions(r.header),
              **({"ok": False, "error": err} if rep is None else rep.to_dict())}
             for r, rep, err in rows]}))
         return worst
@@ -135,7 +130,6 @@ def run(args: argparse.Namespace) -> int:
         return _picture(args, reps)
     if args.rid:
         return _timeline(reps, args.rid)
-    from .replay_cli import _stale_definitions
 
     reports = check_each(reps, require_terminal=not args.allow_unfinished)
     across = cross_check(reps, reports)
@@ -151,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
             "terminal": {f"{k}.{s}": n for (k, s), n in sorted(rep.terminal.items())},
             "violations": [{"kind": v.kind, "rid": v.rid, "seq": v.seq, "detail": v.detail}
                            for v in rep.violations],
-            "stale_definitions": _stale_definitions(r.header)} for r, rep in zip(reps, reports)],
+            "stale_definitions": stale_definitions(r.header)} for r, rep in zip(reps, reports)],
             "lost_with_process": [{"replica": r.name, "kind": f.kind, "rid": f.rid, "state": f.state}
                                   for r, rep in zip(reps, reports) for f in rep.lost],
             "cross_replica": [v.to_dict() for v in across]}))
@@ -165,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         for kind, n in sorted(rep.requests.items()):
             ends = ", ".join(f"{s}={c}" for (k, s), c in sorted(rep.terminal.items()) if k == kind)
             print(f"  {kind:<11} {n:>7} accepted   {ends}")
-        for line in _stale_definitions(r.header):
+        for line in stale_definitions(r.header):
             print(f"  note: {line}")
         if rep.open and rep.in_flight:
             print(f"  {len(rep.in_flight)} request(s) in flight (not violations)")

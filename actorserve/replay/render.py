@@ -11,12 +11,14 @@
   visited states, counts and refused edge (`statemachines.diagram.to_svg`).
 * `highlights(events)` / `highlight_for(events, rid)` — the overlay data, for every request in
   one pass or for one.
+* `emit(text, out)` — a rendered picture to the file ``out`` (saying so), else to stdout.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import sys
 from collections import Counter
 from typing import Any, Iterable
 
@@ -253,3 +255,14 @@ bar for its state and duration; click a request to see its diagram</span></div>
 <script>{SCRIPT if axis_json else ''}</script>
 </body></html>
 """
+
+
+def emit(text: str, out: str | None) -> int:
+    """Write a rendered picture to ``out`` (and say where), else to stdout; exit status 0."""
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {out}")
+    else:
+        sys.stdout.write(text)
+    return 0

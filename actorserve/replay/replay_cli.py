@@ -18,8 +18,7 @@ import os
 import sys
 import time
 
-from ..statemachines import LIFECYCLES
-from .check import Report, check
+from .check import Report, check, stale_definitions
 from .recorder import ended_in_order, incarnation_of, read_all_parts, read_recording
 from .stats import by_priority_lines, latency_report, speculation_line, wasted_forwards_line
 from .versions import lines as version_lines, report as version_report, request_lines, token_versions
@@ -45,17 +44,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        ("--max-prefill-chunk", "prefill tokens per sequence")):
         p.add_argument(flag, type=int, default=None,
                        help=f"with --reexecute: replace the recorded limit of {what} per step")
-
-
-def _stale_definitions(header: dict) -> list[str]:
-    out = []
-    for name, d in (header.get("lifecycles") or {}).items():
-        lc = LIFECYCLES.get(name)
-        if lc is None:
-            out.append(f"{name}: no longer defined")
-        elif d.get("hash") != lc.definition_hash:
-            out.append(f"{name}: recorded under definition {d.get('hash')}, today's is {lc.definition_hash}")
-    return out
 
 
 def timeline(events: list, rid: str) -> list[str]:
@@ -124,13 +112,8 @@ def _picture(args: argparse.Namespace, header: dict, events: list) -> int:
                   _open_status(args.path, report) if report.open else None)
         text = to_html(events, rid=args.rid, title=f"actorserve replay: {args.path}",
                        status=status)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
-        print(f"wrote {args.out}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    from .render import emit       # with the renderers: loaded only to draw
+    return emit(text, args.out)
 
 
 def _reexecute(args: argparse.Namespace) -> int:
@@ -152,7 +135,7 @@ def _reexecute(args: argparse.Namespace) -> int:
     except (RecordingError, ValueError, StopIteration) as exc:
         print(f"cannot re-execute {args.path}: {exc or 'no runtime set-up recorded'}", file=sys.stderr)
         return 2
-    stale = _stale_definitions(header)
+    stale = stale_definitions(header)
     if args.json:
         print(json.dumps({**report.to_dict(), "stale_definitions": stale}))
     else:
@@ -184,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     report = check(events, require_terminal=not args.allow_unfinished, allow_open=True,
                    **ending(args.path, header))
-    stale = _stale_definitions(header)
+    stale = stale_definitions(header)
     in_flight = [{"kind": f.kind, "rid": f.rid, "state": f.state} for f in report.in_flight]
     if args.json:
         print(json.dumps({
