@@ -190,10 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--low-whole", dest="low_stream", action="store_false",
                    help="answer the low class whole, not streamed (background work: more of it "
                         "per second at the same 2x, so a heavier load)")
+    p.add_argument("--record", default=None,
+                   help="keep the server's flight recording (JSONL) at this path, for "
+                        "benchmarks/priority_tail.py (default: a temporary file)")
     args = p.parse_args(argv)
     port = free_port()
     tmp = tempfile.TemporaryDirectory()
-    record = os.path.join(tmp.name, "priority.jsonl")     # the flight recorder feeds /debug/requests
+    record = args.record or os.path.join(tmp.name, "priority.jsonl")     # the flight recorder feeds /debug/requests
     url = f"http://127.0.0.1:{port}"
     blocks = args.kv_blocks or max(16, (args.max_num_seqs * (args.low_tokens // 16 + 2)) * 3 // 4)
     proc = start_server(port, "--model", args.model, "--embedding-model", "none",

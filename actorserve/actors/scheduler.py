@@ -35,9 +35,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 from typing import Any
 
-from ..engine.base import Engine
+from ..engine.base import Engine, StepPreempted
 from ..engine.batching import BatchConfig
 from ..engine.block_manager import BlockManager
 from ..engine.priority import make_policy
@@ -105,6 +106,10 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         # How a step runs: None = the system's worker thread (or inline); re-execution holds
         # each step until the recording says it came back. Called (self, fn, batch, wrap=...).
         self.runner: Any = None
+        # asks the step in flight to give up at a layer boundary (`_preempt`): the engine's flag,
+        # or one of its own for an engine that never gives up (the ask is recorded either way)
+        self.preempt_flag: threading.Event = getattr(engine, "preempt", None) or threading.Event()
+        self._computing = False        # the engine holds a step (from `_run` to `_returned`)
         self._init_lora()                # LoRA adapters: their lifecycle and holds (scheduler_lora)
 
     @property
@@ -142,6 +147,18 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         if lora is not None and not self._lora_hold_or_park(seq, lora):
             return                     # parked until its adapter's load is over
         self.queues.enqueue(seq)
+        self._preempt(seq)
+
+    def _preempt(self, seq: Any) -> None:
+        """`seq` outranks every member of the step the engine is computing (the priority
+        policy's `preempts`): ask the engine to give that step up at its next layer boundary,
+        ``preempt_step``. Whether it did is the step's answer (`StepPreempted`, recorded)."""
+        flag = self.preempt_flag
+        if (not self._computing or flag.is_set() or not self._can("preempt_step")
+                or not self.policy.preempts(seq, self.inflight.values())):
+            return
+        self.fire("preempt_step")
+        flag.set()
 
     # -- leaving -------------------------------------------------------------------------------
     def _end(self, seq: Any, actor: Actor | None, msg: Aborted | Failed) -> None:
@@ -241,12 +258,15 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             rec.note("step", "step", data=step_note(self.name, self.step_id, batch))
         step = self.step_id
         self.step_version = self.weight_version     # its tokens are this version's (no load mid-step)
+        self.preempt_flag.clear()                   # an ask to give up is for one step only
+        self._computing = True
         run = self.runner or (self.system.run_in_thread if self.step_in_thread else self.system.run_inline)
         run(self, self.engine.execute, batch, wrap=lambda res, err: self._returned(step, batch, res, err))
 
     def _returned(self, step: int, batch: list[Any], res: Any, err: BaseException | None) -> StepDone:
         """The model step came back (on the loop, outside any turn): an input to the actors.
         The recorder notes what the model answered, which re-execution plays back."""
+        self._computing = False
         rec = self.system.recorder if self.system is not None else None
         if rec is not None:
             rec.input("step_end", data=step_end_note(self.name, step, res, err))
@@ -291,6 +311,10 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         """The model step came back: isolate a failure, advance every member, apply the
         verdicts, and hand the step's tokens to the output stage (or end the step)."""
         self.steps_done += 1
+        if isinstance(msg.error, StepPreempted) and self.state not in _ISOLATING:
+            self.queues.step_over(msg.batch)     # given up: no member advanced
+            self._end_step(())
+            return
         if msg.error is not None or self.state in _ISOLATING:
             msg = self.isolator.step_back(msg, self.name, self._hooks())
             if msg is None:

@@ -138,6 +138,13 @@ class PriorityPolicy(BatchPolicy):
         """`a` has strictly higher priority than `b` (arrival order does not count)."""
         return self.rank(a)[0] < self.rank(b)[0]
 
+    def preempts(self, seq: Sequence, members: Iterable[Sequence]) -> bool:
+        """A business request of strictly higher priority than every member of the step in
+        flight (a probe waits for the step boundary: it is no one's latency)."""
+        members = list(members)
+        return (not getattr(seq, "is_probe", False) and bool(members)
+                and all(self._outranks(seq, m) for m in members))
+
     def new_lane(self) -> PriorityLane:
         return PriorityLane(low_first=self.low_first)
 
