@@ -149,3 +149,47 @@ def test_who_preempts_strictly_higher_than_every_member_never_a_probe_never_unde
     sglang = PriorityPolicy(BatchConfig(scheduling_policy="priority", priority_low_first=False))
     assert sglang.preempts(seq("h", 9), [low]) and not sglang.preempts(seq("h", 0), [low])
     assert not BatchPolicy(BatchConfig()).preempts(seq("h", 0), [low])
+
+
+def test_the_runner_gives_up_at_a_layer_boundary_and_the_rerun_is_exact():
+    """The real runner (tiny model): the flag set after the first layer wrote its K/V, the
+    step raises `StepPreempted`; the scheduler's bookkeeping stays as before the step, and
+    running it again (the KV written past ``num_computed`` overwritten) gives the tokens of a
+    run that was never interrupted."""
+    import pytest
+
+    from actorserve.engine import models
+    from actorserve.engine.block_manager import BlockManager
+    from actorserve.engine.runner import PagedLlamaRunner
+
+    from engine_driver import Driver
+
+    model, _, _ = models.load_model("tiny")
+    prompts = [[1, 415, 2936, 9060, 285, 1142], [1, 22, 4], [1, 28705, 13, 1270]]
+
+    def run(interrupt: bool) -> list[list[int]]:
+        eng = PagedLlamaRunner(model, num_blocks=64, block_size=4)
+        d = Driver(eng, BlockManager(64, 4))
+        seqs = [d.new(f"r{i}", p) for i, p in enumerate(prompts)]
+        d.step([(s, s.num_uncomputed) for s in seqs])
+        if interrupt:
+            write = eng.kv.write
+
+            def write_then_ask(li, *a):
+                write(li, *a)
+                eng.preempt.set()             # the scheduler's ask lands mid-step
+            eng.kv.write = write_then_ask
+            before = [(s.num_computed, len(s.output_ids)) for s in seqs]
+            for s in seqs:
+                assert d.bm.allocate(s, 1)
+            with pytest.raises(StepPreempted, match="at layer 1"):
+                eng.execute([(s, 1) for s in seqs])
+            assert [(s.num_computed, len(s.output_ids)) for s in seqs] == before
+            eng.kv.write = write
+            eng.preempt.clear()               # as `SchedulerActor._run` does
+        for _ in range(5):
+            d.step([(s, 1) for s in seqs])
+        return [s.output_ids for s in seqs]
+
+    assert len(model.model.layers) > 1
+    assert run(True) == run(False)

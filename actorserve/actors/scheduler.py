@@ -25,6 +25,8 @@ Because the next step starts only once the mailbox is empty, any `Abort` or `Pau
 arrived while a step was running is applied before the next step: an aborted request leaves
 at once (its client gets `finish_reason: abort` right away), and its blocks are freed when
 the in-flight step returns — never while the worker thread may still read its block table.
+A request that outranks every member of the step in flight asks the engine to give it up at a
+layer boundary (`step_preempt`); a step given up advances no member.
 
 Pause, continue, flush and idle waits are in `scheduler_control.py`; memory release and resume
 in `scheduler_memory.py`; LoRA adapters in `scheduler_lora.py`.
@@ -35,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import threading
 from typing import Any
 
 from ..engine.base import Engine, StepPreempted
@@ -56,6 +57,7 @@ from .output import outputs_done
 from .scheduler_control import SchedulerControl
 from .scheduler_memory import SchedulerMemory
 from .scheduler_stats import SchedulerStats, stats_of
+from .step_preempt import StepPreemption
 from .step_outputs import V, decide, step_end_note, step_note
 
 K = SchedulerState
@@ -106,10 +108,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         # How a step runs: None = the system's worker thread (or inline); re-execution holds
         # each step until the recording says it came back. Called (self, fn, batch, wrap=...).
         self.runner: Any = None
-        # asks the step in flight to give up at a layer boundary (`_preempt`): the engine's flag,
-        # or one of its own for an engine that never gives up (the ask is recorded either way)
-        self.preempt_flag: threading.Event = getattr(engine, "preempt", None) or threading.Event()
-        self._computing = False        # the engine holds a step (from `_run` to `_returned`)
+        self.preemption = StepPreemption(engine)   # giving the step in flight up (step_preempt)
         self._init_lora()                # LoRA adapters: their lifecycle and holds (scheduler_lora)
 
     @property
@@ -147,18 +146,9 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         if lora is not None and not self._lora_hold_or_park(seq, lora):
             return                     # parked until its adapter's load is over
         self.queues.enqueue(seq)
-        self._preempt(seq)
-
-    def _preempt(self, seq: Any) -> None:
-        """`seq` outranks every member of the step the engine is computing (the priority
-        policy's `preempts`): ask the engine to give that step up at its next layer boundary,
-        ``preempt_step``. Whether it did is the step's answer (`StepPreempted`, recorded)."""
-        flag = self.preempt_flag
-        if (not self._computing or flag.is_set() or not self._can("preempt_step")
-                or not self.policy.preempts(seq, self.inflight.values())):
-            return
-        self.fire("preempt_step")
-        flag.set()
+        if self._can("preempt_step") and self.preemption.wanted(seq, self.policy, self.inflight.values()):
+            self.fire("preempt_step")        # it outranks the whole step in flight (step_preempt)
+            self.preemption.ask()
 
     # -- leaving -------------------------------------------------------------------------------
     def _end(self, seq: Any, actor: Actor | None, msg: Aborted | Failed) -> None:
@@ -258,15 +248,14 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             rec.note("step", "step", data=step_note(self.name, self.step_id, batch))
         step = self.step_id
         self.step_version = self.weight_version     # its tokens are this version's (no load mid-step)
-        self.preempt_flag.clear()                   # an ask to give up is for one step only
-        self._computing = True
+        self.preemption.started()
         run = self.runner or (self.system.run_in_thread if self.step_in_thread else self.system.run_inline)
         run(self, self.engine.execute, batch, wrap=lambda res, err: self._returned(step, batch, res, err))
 
     def _returned(self, step: int, batch: list[Any], res: Any, err: BaseException | None) -> StepDone:
         """The model step came back (on the loop, outside any turn): an input to the actors.
         The recorder notes what the model answered, which re-execution plays back."""
-        self._computing = False
+        self.preemption.returned()
         rec = self.system.recorder if self.system is not None else None
         if rec is not None:
             rec.input("step_end", data=step_end_note(self.name, step, res, err))

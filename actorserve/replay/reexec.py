@@ -361,14 +361,14 @@ class _Driver:
             self._drifted(e)
             return
         target, fn, batch, wrap = held
-        flag = getattr(target, "preempt_flag", None)
+        preemption = getattr(target, "preemption", None)
         if d.get("preempted"):       # given up at a layer boundary: nothing computed counts
             res, err = None, StepPreempted("recorded")
         elif d.get("error"):
             res, err = None, RuntimeError(f"recorded failure: {d['error']}")
         else:
-            if flag is not None:     # it ran to its end: a request to give up came too late
-                flag.clear()
+            if preemption is not None:   # it ran to its end: an ask to give up came too late
+                preemption.flag.clear()
             res, err = fn(batch), None
         msg = wrap(res, err)
         if target.alive:
