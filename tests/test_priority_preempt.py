@@ -67,43 +67,56 @@ async def reference() -> dict[str, list[int]]:
     return out
 
 
-async def test_an_arrival_that_outranks_the_whole_step_gives_it_up_and_outputs_stay_exact():
+async def test_an_arrival_that_outranks_the_step_gives_it_up_and_its_first_token_has_a_step_alone():
     engine = FakeEngine()
     rt, rec = await make(engine, BatchConfig(**PRIO))
     held = Held(rt)
+
+    def next_batch() -> list[tuple[str, int]]:
+        return [(s.rid, n) for s, n in held.steps[0][2]]
+
+    def asks() -> int:
+        return sum(1 for e in rec.events(kind="scheduler") if e.event == "preempt_step")
+
     hs = {rid: rt.generate(ids, sp(n), rid=rid, priority=p) for rid, (ids, p, n) in WANT.items() if p}
     assert await held.release() == [("lo1", 3), ("lo2", 3)]           # prefill: first tokens
-    await rt.quiesce()
-    assert len(held.steps) == 1 and not engine.preempt.is_set()        # their first decode, held
-    hs["hi"] = rt.generate(*WANT["hi"][:1], sp(WANT["hi"][2]), rid="hi", priority=0)
+    assert next_batch() == [("lo1", 1), ("lo2", 1)] and not engine.preempt.is_set()
+    hs["hi"] = rt.generate(WANT["hi"][0], sp(WANT["hi"][2]), rid="hi", priority=0)
     await rt.quiesce()
     assert engine.preempt.is_set()                                     # asked, recorded:
-    asks = [(e.event, e.src, e.dst) for e in rec.events(kind="scheduler") if e.event == "preempt_step"]
-    assert asks == [("preempt_step", "stepping", "stepping")]
+    got = [(e.src, e.dst) for e in rec.events(kind="scheduler") if e.event == "preempt_step"]
+    assert got == [("stepping", "stepping")]
     assert await held.release() == [("lo1", 1), ("lo2", 1)]            # given up
     assert engine.preempted == 1
     ends = [e.data for e in rec.events() if e.kind == "input" and e.event == "step_end"]
     assert ends[-1]["preempted"] is True and ends[-1]["out"] is None
-    # the next step recomputes the lows' decode (nothing advanced) with hi's prefill
-    assert [(s.rid, n) for s, n in held.steps[0][2]] == [("lo1", 1), ("lo2", 1), ("hi", 3)]
-    assert not engine.preempt.is_set()                                 # cleared for the new step
-    # an arrival that does not outrank every member (hi, priority 0, is one) asks nothing
+    # hi's prefill has the step to itself; the lows (nothing advanced) sit it out
+    assert next_batch() == [("hi", 3)] and not engine.preempt.is_set()
+    # arrivals that outrank no member of it ask nothing: an equal priority, a lower one
     hs["eq"] = rt.generate([9, 9], sp(1), rid="eq", priority=0)
     hs["lo3"] = rt.generate([5, 5], sp(1), rid="lo3", priority=5)
     await rt.quiesce()
-    assert not engine.preempt.is_set()
+    assert not engine.preempt.is_set() and asks() == 1
+    await held.release()
+    assert next_batch() == [("hi", 1), ("eq", 2)]                      # eq's first token: the class alone
+    await held.release()
+    assert next_batch() == [("lo1", 1), ("lo2", 1), ("lo3", 2)]        # hi and eq done: the lows again
+    # a step of lower priorities only: a new arrival of priority 0 asks again
+    hs["hi2"] = rt.generate([3, 1], sp(1), rid="hi2", priority=0)
+    await rt.quiesce()
+    assert engine.preempt.is_set() and asks() == 2
     while held.steps:
         await held.release()
     outs = {rid: await h.stream.final() for rid, h in hs.items()}
     assert {rid: o.finish_reason for rid, o in outs.items()} == dict.fromkeys(hs, "length")
     want = await reference()
     assert {rid: outs[rid].token_ids for rid in WANT} == want          # exact, as if never given up
-    assert engine.preempted == 1
+    assert engine.preempted == 2
     await rt.quiesce()
     assert check(rec.events()).ok
     assert_nothing_held(rt)
     await rt.shutdown()
-    report = await reexecute(rec.events())                             # the recorded give-up replays
+    report = await reexecute(rec.events())                             # the recorded give-ups replay
     assert report.ok, report.format()
 
 
@@ -115,6 +128,7 @@ async def test_a_request_that_comes_too_late_leaves_the_step_whole():
     held = Held(rt)
     lo = rt.generate([1, 2, 3], sp(2), rid="lo", priority=5)
     await rt.quiesce()
+    lo_seq = rt.scheduler.seqs["lo"]
     hi = rt.generate([7, 8], sp(1), rid="hi", priority=0)
     await rt.quiesce()
     assert engine.preempt.is_set()
@@ -122,7 +136,8 @@ async def test_a_request_that_comes_too_late_leaves_the_step_whole():
     engine.preempt.clear()                    # as if the engine had passed its last boundary
     target.tell(wrap(fn(batch), None))
     await rt.quiesce()
-    assert [(s.rid, n) for s, n in held.steps[0][2]] == [("lo", 1), ("hi", 2)]   # lo advanced
+    assert lo_seq.num_computed == 3                                    # lo advanced
+    assert [(s.rid, n) for s, n in held.steps[0][2]] == [("hi", 2)]
     while held.steps:
         await held.release()
     assert (await lo.stream.final()).completion_tokens == 2
@@ -135,14 +150,16 @@ async def test_a_request_that_comes_too_late_leaves_the_step_whole():
     assert report.ok, report.format()
 
 
-def test_who_preempts_strictly_higher_than_every_member_never_a_probe_never_under_fcfs():
+def test_who_preempts_outranks_some_member_and_is_outranked_by_none_never_a_probe_never_under_fcfs():
     def seq(rid: str, p: int, probe: bool = False) -> Sequence:
         return Sequence(rid, [1, 2], sampling=sp(1), priority=p, is_probe=probe)
 
     pol = PriorityPolicy(BatchConfig(**PRIO))
     low, mid = seq("a", 5), seq("b", 3)
     assert pol.preempts(seq("h", 0), [low, mid])
-    assert not pol.preempts(seq("h", 3), [low, mid])          # equal to one member
+    assert pol.preempts(seq("h", 3), [low, mid])              # its own class in it, and a lower one
+    assert not pol.preempts(seq("h", 4), [low, mid])          # mid outranks it
+    assert not pol.preempts(seq("h", 3), [mid, seq("m2", 3)])   # outranks none
     assert not pol.preempts(seq("h", 0), [])                  # nothing in flight
     assert not pol.preempts(seq("p", 0, probe=True), [low])   # a probe waits for the boundary
     assert not pol.preempts(seq("h", 0), [seq("q", 9, probe=True)])   # nor is a probe's step given up

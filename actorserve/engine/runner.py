@@ -195,8 +195,9 @@ class PagedLlamaRunner(_SamplingRunner):
         return h
 
     def _check_preempt(self, li: int) -> None:
-        """A layer boundary: give the step up if the scheduler asked (`engine.base`). A fused
-        decode step (all layers in one C call) runs to its end."""
+        """A layer boundary (or, at ``len(layers)``, the end of the forward, before anything
+        is sampled): give the step up if the scheduler asked (`engine.base`). A fused decode
+        step (all layers in one C call) is asked only after its layers."""
         if self.preempt.is_set():
             raise StepPreempted(f"at layer {li}")
 
@@ -246,6 +247,7 @@ class PagedLlamaRunner(_SamplingRunner):
     def _run(self, plan: StepPlan, batch: list[tuple[Sequence, int]], outputs: list[SeqOutput],
              lora: LoraStep | None = None) -> list[SeqOutput]:
         h = self._forward(plan, lora)
+        self._check_preempt(len(self.layers))         # the last boundary: before any sampling
         owed = prompt_lp.owed_rows(batch, plan.last_rows)
         if owed:      # the prompt rows of sequences that asked for prompt logprobs
             prompt_lp.score_rows(owed, lambda a, b: self._logits(self.base.norm(h[a:b])))
