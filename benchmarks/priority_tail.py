@@ -13,7 +13,9 @@ For each high-class request of the loaded phase (rids ``r1000`` ...), from the f
 
     .venv/bin/python benchmarks/priority_tail.py /tmp/rec.jsonl [--prefix r1]
 
-Prints the p50/p95 of each part and the slowest requests' rows; ``--json`` one JSON line.
+Prints the p50/p95 of each part, the scheduler's asks to give a step up and the steps given
+up (``preempt_step``, ``step_end`` ``preempted``), and the slowest requests' rows; ``--json``
+one JSON line.
 """
 
 from __future__ import annotations
@@ -89,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     out.update({f"{k}_p95": round(pct([r[k] for r in rows], 0.95), 2) for k in parts})
     out.update({"requests": len(rows), "steps": len(steps), "step_ms_p50": round(pct(dur, 0.5), 2),
                 "step_ms_p95": round(pct(dur, 0.95), 2), "gap_ms_p50": round(pct(gaps, 0.5), 2),
-                "gap_ms_p95": round(pct(gaps, 0.95), 2)})
+                "gap_ms_p95": round(pct(gaps, 0.95), 2),
+                # the scheduler's asks to give the step in flight up, and the steps given up
+                "preempt_asks": sum(1 for e in events if e.kind == "scheduler" and e.event == "preempt_step"),
+                "steps_given_up": sum(1 for e in events if e.event == "step_end" and (e.data or {}).get("preempted"))})
     if args.json:
         print(json.dumps(out))
         return 0
