@@ -1,4 +1,5 @@
-"""Giving up the step in flight for an arrival that outranks all its members (priority policy):
+"""Giving up the step in flight for an arrival that outranks it (priority policy), and a step of
+its own for the best class's prefill:
 the scheduler asks (``preempt_step``, recorded), the engine raises `StepPreempted` at a layer
 boundary, no member advances, the next step holds the arrival, and every request's tokens are
 those of a run without it; re-execution replays it exactly. Fake engine, manual clock, steps

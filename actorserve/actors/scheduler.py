@@ -25,8 +25,8 @@ Because the next step starts only once the mailbox is empty, any `Abort` or `Pau
 arrived while a step was running is applied before the next step: an aborted request leaves
 at once (its client gets `finish_reason: abort` right away), and its blocks are freed when
 the in-flight step returns — never while the worker thread may still read its block table.
-A request that outranks every member of the step in flight asks the engine to give it up at a
-layer boundary (`step_preempt`); a step given up advances no member.
+A request that outranks the step in flight (`step_preempt`) asks the engine to give it up at a
+layer boundary; a step given up advances no member.
 
 Pause, continue, flush and idle waits are in `scheduler_control.py`; memory release and resume
 in `scheduler_memory.py`; LoRA adapters in `scheduler_lora.py`.

@@ -1,8 +1,8 @@
-"""Giving up the step in flight for an arrival that outranks all its members (priority policy).
+"""Giving up the step in flight for a higher-priority arrival (priority policy).
 
 The scheduler asks when a request arrives while the engine computes a step and its policy says
-the request `preempts` every member of it (`engine.priority`: strictly higher priority than
-each, never a probe; first come, first served never asks). Asking is the recorded, drawn
+the request `preempts` that step's members (`engine.priority`: it outranks some member and no
+member outranks it; never a probe; first come, first served never asks). Asking is the recorded, drawn
 ``preempt_step`` transition (``stepping -> stepping``) and setting the engine's ``preempt``
 flag; the engine checks it between layers and gives the step up by raising `StepPreempted`
 (`engine.base`). Such a step advances no member: the scheduler ends it as it is and plans

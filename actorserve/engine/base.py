@@ -11,7 +11,7 @@ pooling sequence. A prefill chunk that stops short of the end returns an output 
 neither (``token_id is None and pooled is None``).
 
 An engine may carry ``preempt`` (a `threading.Event`): the scheduler sets it when a request
-that outranks every member of the step in flight arrives, and the engine checks it between
+that outranks the step in flight arrives (`actors.step_preempt`), and the engine checks it between
 layers; set, it gives the step up by raising `StepPreempted` -- no member advances (the KV it
 wrote past ``num_computed`` is written again by the step that recomputes those tokens). The
 scheduler clears it before each step.
