@@ -51,9 +51,12 @@ Changes, measured A/B back to back (3 runs each, alternating, medians; loaded se
   14.3 ms; all low-class requests completed (320, 353, 277); 39-40 asks a run, 12-24 given up
   (the rest came after the last boundary: the forward of the 2-layer tiny model is a small
   part of its step, and sampling is not interruptible);
-* ``sys.setswitchinterval(0.0005)`` in the server (the step thread's GIL turns) on top: no gain
-  (2 runs: server p95 ratio 9.9 vs 5.9 with preemption alone, loaded p95 199 vs 208 ms), so
-  it is not a setting.
+* ``--switch-interval 0.0005`` (the step thread's GIL turns; the server's flag, default
+  Python's 5 ms) with preemption alone: no gain (2 runs: server p95 ratio 9.9 vs 5.9, loaded
+  p95 199 vs 208 ms). With both changes, on a box then far busier (load 8-10, the unloaded
+  phase itself 3x slower, so the ratios mean nothing; 2 runs each): loaded server p95 83 ms
+  with it vs 138 without, and 103 with the low class answered whole (``--low-whole``): a hint
+  only, to be measured on a quiet box.
 
 What is left, on this box: the high request's own narrow step runs 3-5x slower than unloaded
 (the event loop streaming the low class's tokens, the client on the same 2 cores and the
@@ -216,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--low-whole", dest="low_stream", action="store_false",
                    help="answer the low class whole, not streamed (background work: more of it "
                         "per second at the same 2x, so a heavier load)")
+    p.add_argument("--switch-interval", default=None,
+                   help="the server's --switch-interval (seconds; default: Python's 0.005)")
     p.add_argument("--record", default=None,
                    help="keep the server's flight recording (JSONL) at this path, for "
                         "benchmarks/priority_tail.py (default: a temporary file)")
@@ -228,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     proc = start_server(port, "--model", args.model, "--embedding-model", "none",
                         "--kv-blocks", str(blocks), "--max-num-seqs", str(args.max_num_seqs),
                         "--scheduling-policy", "priority", "--debug-routes", "--record", record,
+                        *(["--switch-interval", args.switch_interval] if args.switch_interval else []),
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         asyncio.run(wait_up(url, proc))

@@ -211,3 +211,23 @@ def test_the_runner_gives_up_at_a_layer_boundary_and_the_rerun_is_exact():
 
     assert len(model.model.layers) > 1
     assert run(True) == run(False)
+
+
+def test_switch_interval_sets_the_interpreters_and_refuses_a_non_positive_one():
+    import sys
+
+    import pytest
+
+    from actorserve.http import serve_cli
+
+    was = sys.getswitchinterval()
+    try:
+        serve_cli.switch_interval(None)
+        assert sys.getswitchinterval() == was
+        serve_cli.switch_interval(0.0005)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        for bad in (0.0, -1.0):
+            with pytest.raises(ValueError, match="--switch-interval must be > 0"):
+                serve_cli.switch_interval(bad)
+    finally:
+        sys.setswitchinterval(was)
