@@ -23,10 +23,11 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import os
 import sys
 from typing import Any
 
-sys.path.insert(0, __import__("os").path.dirname(__file__) + "/..")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # run from anywhere
 from actorserve.replay.recorder import read_all_parts  # noqa: E402
 
 
