@@ -56,9 +56,16 @@ Changes, measured A/B back to back (3 runs each, alternating, medians; loaded se
   p95 199 vs 208 ms). With both changes, on a box then far busier (load 8-10, the unloaded
   phase itself 3x slower, so the ratios mean nothing; 2 runs each): loaded server p95 83 ms
   with it vs 138 without, and 103 with the low class answered whole (``--low-whole``): a hint
-  only, to be measured on a quiet box.
+  that the last A/B below did not confirm.
 
-What is left, on this box: the high request's own narrow step runs 3-5x slower than unloaded
+Last A/B, both changes vs the code before them (2 runs each, alternating, load 5-8): client
+high-class TTFT p95 loaded 66/125 ms vs 211/218 (p95 ratio 2.2/1.7 vs 5.9/9.9; the second's
+unloaded p95 had a 72 ms stall), server-side p95 loaded 45/73 ms vs 191/189 (ratio 2.0/1.1 vs
+6.4/11.4); own step p50 16/25 ms (1 wide) vs 91 ms (16 wide); step in flight p50 6/11 ms vs
+22/35 ms; every low-class request completed (194, 361 vs 156, 256). With ``--switch-interval
+0.0005`` on top: ratio 2.1/2.4, server p95 44/68 ms: the same.
+
+What is left, on this box: the high request's own narrow step runs 2-5x slower than unloaded
 (the event loop streaming the low class's tokens, the client on the same 2 cores and the
 other load take the CPU and the GIL), the asks that land too late, and the client's own lag
 (its p95 is 35-100 ms above the server's). A step of its own was tried before preemption and
