@@ -23,6 +23,7 @@ drafts, and returns the decision.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .base import context_capacity
@@ -101,6 +102,11 @@ class BatchPolicy:
     def new_lane(self) -> Lane:
         """The waiting queue this policy serves from (FIFO here; `engine.priority` orders it)."""
         return Lane()
+
+    def preempts(self, seq: Sequence, members: Iterable[Sequence]) -> bool:
+        """Whether `seq`'s arrival is worth giving up the step in flight of `members` for
+        (the priority policy's question; first come, first served never does)."""
+        return False
 
     def _retract(self, out: Plan, victim: Sequence, cause: str) -> None:
         out.retracted.append(victim)
