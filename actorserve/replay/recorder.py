@@ -18,7 +18,16 @@ Event schema (docs/recording.md has the long form)::
     data   dict|None  extra: step members [[rid, n_tokens], ...], request kind, probe flag ...
 
 Events live in a bounded ring buffer (a `deque(maxlen=...)` of tuples: cheap on the hot
-path) and, when a path is given, are appended to a JSONL file. The file opens with one
+path) and, when a path is given, are appended to a JSONL file.
+
+*The ring's size* (issue 31: a full ring of 100k events was ~35 MB of a server at rest). A ring
+entry holds only what an `Event` cannot derive: ``seq`` is its position (the ring holds
+consecutive seqs), ``ok`` is ``error is None``, and a message (about half of all events:
+one per token) is ``(t_ns, rid, event, dst)``; anything else is ``(t_ns, rid, kind, event,
+src, dst, error, cause, defn, data)``. An arrival's prompt (``data["prompt"]``, the list of
+token ids) is kept as 4-byte ints (`array`) rather than a list of int objects (~40 bytes a
+token): the largest part of a full ring. `events`, live subscribers and the file see the
+same events as before, the prompt a list again: what a recording proves is unchanged. The file opens with one
 `{"header": ...}` line that holds the lifecycle definitions the run used, so replay can
 tell a history recorded under other definitions. Files rotate at `max_bytes` (`PATH`,
 `PATH.1`, ...), each new file starting with its own header.
@@ -50,6 +59,7 @@ import json
 import os
 import re
 import time
+from array import array
 from collections import deque
 from json.encoder import encode_basestring
 from dataclasses import dataclass
@@ -62,6 +72,12 @@ _LINE = ('{"seq":%d,"t_ns":%d,"rid":%s,"kind":%s,"event":%s,"src":%s,"dst":%s,"o
          '"cause":%s,"defn":%s,"data":%s}')
 
 
+def _list(o: Any) -> list[Any]:
+    if isinstance(o, array):           # a prompt compacted in the ring: the same JSON list
+        return o.tolist()
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
 def _js(v: Any) -> str:
     if v is None:
         return "null"
@@ -71,12 +87,38 @@ def _js(v: Any) -> str:
         return "true"
     if v is False:
         return "false"
-    return json.dumps(v, separators=(",", ":"))
+    return json.dumps(v, separators=(",", ":"), default=_list)
+
+
+def _compact(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with its prompt as an ``array('i')`` (when it is a list of ints that fit)."""
+    try:
+        return {**data, "prompt": array("i", data["prompt"])}
+    except (TypeError, OverflowError):
+        return data
+
+
+def _fields(seq: int, t: tuple) -> tuple:
+    """The 12 fields (`FIELDS`) of the event at `seq` whose ring entry is `t` (see the module's
+    doc: the ring's size); a compacted prompt stays an array."""
+    if len(t) == 4:
+        return (seq, t[0], t[1], "message", t[2], None, t[3], True, None, None, None, None)
+    t_ns, rid, kind, event, src, dst, error, cause, defn, data = t
+    return (seq, t_ns, rid, kind, event, src, dst, error is None, error, cause, defn, data)
+
+
+def _event(seq: int, t: tuple) -> "Event":
+    """The `Event` at `seq` whose ring entry is `t`, its prompt a list again."""
+    f = _fields(seq, t)
+    data = f[11]
+    if data is not None and isinstance(data.get("prompt"), array):
+        f = (*f[:11], {**data, "prompt": data["prompt"].tolist()})
+    return Event(*f)
 
 
 def to_line(ev: tuple) -> str:
-    """One event as its JSONL line: the same JSON as `json.dumps` of its dict, 3x faster (the
-    file sink's cost is on the event loop)."""
+    """One event's 12 fields, in `FIELDS` order, as its JSONL line: the same JSON as `json.dumps`
+    of its dict, 3x faster (the file sink's cost is on the event loop)."""
     return _LINE % (ev[0], ev[1], _js(ev[2]), _js(ev[3]), _js(ev[4]), _js(ev[5]), _js(ev[6]),
                     _js(ev[7]), _js(ev[8]), _js(ev[9]), _js(ev[10]), _js(ev[11]))
 
@@ -115,7 +157,7 @@ class FlightRecorder:
         self.clock: Clock = clock or LoopClock()
         self.replica = replica
         self.wall_clock = wall_clock
-        self.ring: deque[tuple] = deque(maxlen=capacity)
+        self.ring: deque[tuple] = deque(maxlen=capacity)   # entries: see "the ring's size"
         self.seq = 0
         self.cause: int | None = None
         self.record_messages = record_messages
@@ -134,18 +176,22 @@ class FlightRecorder:
 
     # -- recording (hot path) ---------------------------------------------------------------------
     def _add(self, rid: str | None, kind: str, event: str, src: str | None, dst: str | None,
-             ok: bool, error: str | None, cause: int | None, defn: str | None,
+             error: str | None, cause: int | None, defn: str | None,
              data: dict[str, Any] | None) -> int:
         seq = self.seq = self.seq + 1
-        ev = (seq, self.clock.now_ns(), rid, kind, event, src, dst, ok, error, cause, defn, data)
-        self.ring.append(ev)
+        t = (self.clock.now_ns(), rid, kind, event, src, dst, error, cause, defn, data)
+        self.ring.append(t)
+        if self._file is not None or self._subscribers:
+            self._emit(seq, t)
+        return seq
+
+    def _emit(self, seq: int, t: tuple) -> None:
         if self._file is not None:
-            self._pending.append(ev)
+            self._pending.append((seq, t))
             if len(self._pending) >= self._flush_every:
                 self.flush()
         if self._subscribers:          # one falsy check when nobody listens
-            self._publish(ev)
-        return seq
+            self._publish(_event(seq, t))
 
     # -- live subscribers -------------------------------------------------------------------------
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
@@ -157,8 +203,7 @@ class FlightRecorder:
 
         return unsubscribe
 
-    def _publish(self, ev: tuple) -> None:
-        event = Event(*ev)
+    def _publish(self, event: "Event") -> None:
         for cb in self._subscribers:
             try:
                 cb(event)
@@ -168,37 +213,46 @@ class FlightRecorder:
     def message(self, actor: str, message: Any) -> None:
         """A message is being handled by `actor`; what its handler does is caused by it."""
         if self.record_messages:
-            self.cause = self._add(getattr(message, "rid", None), "message", type(message).__name__,
-                                   None, actor, True, None, None, None, None)
+            seq = self.cause = self.seq = self.seq + 1
+            t = (self.clock.now_ns(), getattr(message, "rid", None), type(message).__name__, actor)
+            self.ring.append(t)
+            if self._file is not None or self._subscribers:
+                self._emit(seq, t)
 
     def transition(self, lc: Any, model: Any, event: str, src: Any, dst: Any,
                    error: str | None, cause: str | None = None) -> None:
         self._add(getattr(model, "rid", None), lc.name, event, src.name,
-                  dst.name if dst is not None else None, error is None, error, self.cause,
-                  lc.definition_hash, None)
+                  dst.name if dst is not None else None, error, self.cause, lc.definition_hash, None)
 
     def created(self, lc: Any, model: Any, data: dict[str, Any] | None = None) -> None:
         """A lifecycle instance came to be, in its initial state."""
-        self._add(getattr(model, "rid", None), lc.name, "create", None, model.state.name, True,
+        self._add(getattr(model, "rid", None), lc.name, "create", None, model.state.name,
                   None, self.cause, lc.definition_hash, data)
 
     def note(self, kind: str, event: str, *, rid: str | None = None,
              data: dict[str, Any] | None = None) -> int:
         """Anything else worth replaying (scheduler steps, client disconnects, arrivals)."""
-        return self._add(rid, kind, event, None, None, True, None, self.cause, None, data)
+        return self._add(rid, kind, event, None, None, None, self.cause, None, data)
 
     def input(self, event: str, *, rid: str | None = None, data: dict[str, Any] | None = None) -> int:
         """Something entered the actors from outside (a client call, a model step coming back, a
         timer): re-execution feeds these back in, each at the point it was recorded."""
         self.cause = None
-        return self._add(rid, "input", event, None, None, True, None, None, None, data)
+        if data is not None and "prompt" in data:
+            data = _compact(data)
+        return self._add(rid, "input", event, None, None, None, None, None, data)
 
     # -- reading ----------------------------------------------------------------------------------
     def events(self, *, rid: str | None = None, kind: str | None = None) -> list[Event]:
         out = []
+        seq = self.seq - len(self.ring)           # the seq before the ring's first entry
         for t in self.ring:
-            if (rid is None or t[2] == rid) and (kind is None or t[3] == kind):
-                out.append(Event(*t))
+            seq += 1
+            if rid is not None and t[1] != rid:
+                continue
+            if kind is not None and (t[2] if len(t) != 4 else "message") != kind:
+                continue
+            out.append(_event(seq, t))
         return out
 
     def __len__(self) -> int:
@@ -237,7 +291,7 @@ class FlightRecorder:
     def flush(self) -> None:
         if self._file is None or not self._pending:
             return
-        parts = [to_line(ev) for ev in self._pending]
+        parts = [to_line(_fields(seq, t)) for seq, t in self._pending]
         self._pending.clear()
         if self._written >= self.max_bytes:  # rotate lazily: the live file never ends empty
             self._rotate()
