@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -64,3 +66,52 @@ def test_nothing_is_packed_where_onednn_disagrees(monkeypatch):
     monkeypatch.setattr(dense, "_agrees", lambda m, p: False)
     assert dense.pack_model(mod) == 0
     assert not hasattr(mod.a, dense.PACKED) and "forward" not in vars(mod.a)
+
+
+def test_row_buckets_cover_every_width_with_little_padding():
+    assert len(dense.BUCKETS) == 32 and dense.BUCKETS[0] == 8 and dense.BUCKETS[-1] == dense.CHUNK
+    for rows in range(1, dense.CHUNK + 1):
+        b = dense.bucket_rows(rows)
+        assert b in dense.BUCKETS and b >= rows
+        assert b == min(x for x in dense.BUCKETS if x >= rows)     # the smallest that fits
+        if rows > 64:
+            assert (b - rows) / rows <= 0.125, rows
+    assert [dense.bucket_rows(n) for n in (1, 8, 9, 17, 128, 129, 257, 511)] == [8, 8, 16, 24, 128, 144, 288, 512]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_onednn_sees_only_bucketed_row_counts_and_each_row_keeps_its_result(monkeypatch, dtype):
+    mod = _module(dtype)
+    assert dense.pack_model(mod) == 2
+    seen = []
+    real = dense._product
+    monkeypatch.setattr(dense, "_product", lambda x, p, b: (seen.append(x.shape[0]), real(x, p, b))[1])
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    widths = (1, 3, 9, 70, 200, 511, 512, 513, 1100)
+    for rows in widths:
+        x = torch.randn(rows, 96).to(dtype)
+        got = mod.a(x)
+        assert got.shape == (rows, 40) and got.is_contiguous()
+        torch.testing.assert_close(got.float(), F.linear(x, mod.a.weight, mod.a.bias).float(), atol=tol, rtol=tol)
+        if rows <= dense.CHUNK:       # a row's result does not depend on its neighbours or the padding
+            torch.testing.assert_close(got[:1].float(), mod.a(x[:1]).float(), atol=tol, rtol=tol)
+    assert set(seen) <= set(dense.BUCKETS)
+    # 513 rows: 512 + 1 -> 8; 1100 rows: 512 + 512 + 76 -> 80
+    assert sorted(set(seen)) == [8, 16, 72, 80, 208, 512]
+
+
+def test_the_onednn_caches_are_capped_before_torch_runs_unless_the_environment_says(monkeypatch):
+    import subprocess
+    import sys
+    from actorserve.engine import onednn_caches
+    code = ("import os, actorserve.engine as e, torch; "
+            "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])")
+    env = {k: v for k, v in os.environ.items() if k not in onednn_caches.VARIABLES}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(onednn_caches.CAPACITY)] * 2
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "LRU_CACHE_CAPACITY": "64"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(onednn_caches.CAPACITY), "64"]     # a set value is kept
+    for name in onednn_caches.VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert onednn_caches.bound(32) == {n: "32" for n in onednn_caches.VARIABLES}
