@@ -16,8 +16,9 @@ pytestmark = pytest.mark.skipif(not dense._ops_available(), reason="this torch h
 def _module(dtype: torch.dtype) -> torch.nn.Module:
     torch.manual_seed(2)
     mod = torch.nn.Module()
-    mod.a = torch.nn.Linear(96, 40, bias=True)
-    mod.b = torch.nn.Linear(40, 64, bias=False)
+    mod.a = torch.nn.Linear(192, 96, bias=True)
+    mod.b = torch.nn.Linear(96, 192, bias=False)
+    mod.small = torch.nn.Linear(16, 64)                 # under MIN_WEIGHT: left with F.linear
     mod.emb = torch.nn.Embedding(10, 8)                 # not a linear: left alone
     return mod.to(dtype)
 
@@ -27,18 +28,19 @@ def test_packed_linears_compute_what_f_linear_does_at_every_width(dtype):
     mod = _module(dtype)
     assert dense.pack_model(mod) == 2
     assert getattr(mod.a, dense.PACKED) is not None and not hasattr(mod.emb, dense.PACKED)
+    assert not hasattr(mod.small, dense.PACKED) and "forward" not in vars(mod.small)
     assert isinstance(mod.a.forward, dense.PackedLinear)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for rows in (1, 7, 33, 513):
-        x = torch.randn(rows, 96).to(dtype)
+        x = torch.randn(rows, 192).to(dtype)
         got = mod.b(mod.a(x))
         want = F.linear(F.linear(x, mod.a.weight, mod.a.bias), mod.b.weight)
-        assert got.shape == (rows, 64) and got.dtype == dtype
+        assert got.shape == (rows, 192) and got.dtype == dtype
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
-    x3 = torch.randn(2, 5, 96).to(dtype)[:, ::2]          # leading dims kept, a strided view
+    x3 = torch.randn(2, 5, 192).to(dtype)[:, ::2]          # leading dims kept, a strided view
     torch.testing.assert_close(mod.a(x3).float(), F.linear(x3, mod.a.weight, mod.a.bias).float(),
                                atol=tol, rtol=tol)
-    other = torch.randn(4, 96).to(torch.float64 if dtype == torch.float32 else torch.float32)
+    other = torch.randn(4, 192).to(torch.float64 if dtype == torch.float32 else torch.float32)
     with pytest.raises(RuntimeError):                   # another dtype takes F.linear, which refuses
         mod.a(other)
 
@@ -53,9 +55,9 @@ def test_a_quantized_linears_wide_steps_take_its_packed_weight(monkeypatch):
     calls = []
     real = dense.linear
     monkeypatch.setattr(dense, "linear", lambda m, x: (calls.append(x.shape[0]), real(m, x))[1])
-    mod.a(torch.randn(quant.KERNEL_ROWS, 96))             # narrow: the kernel
+    mod.a(torch.randn(quant.KERNEL_ROWS, 192))             # narrow: the kernel
     assert calls == []
-    wide = torch.randn(quant.KERNEL_ROWS + 1, 96)
+    wide = torch.randn(quant.KERNEL_ROWS + 1, 192)
     got = mod.a(wide)                                     # wide: the packed dense weight
     assert calls == [quant.KERNEL_ROWS + 1]
     torch.testing.assert_close(got, F.linear(wide, mod.a.weight, mod.a.bias), atol=1e-5, rtol=1e-5)
@@ -89,9 +91,9 @@ def test_onednn_sees_only_bucketed_row_counts_and_each_row_keeps_its_result(monk
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     widths = (1, 3, 9, 70, 200, 511, 512, 513, 1100)
     for rows in widths:
-        x = torch.randn(rows, 96).to(dtype)
+        x = torch.randn(rows, 192).to(dtype)
         got = mod.a(x)
-        assert got.shape == (rows, 40) and got.is_contiguous()
+        assert got.shape == (rows, 96) and got.is_contiguous()
         torch.testing.assert_close(got.float(), F.linear(x, mod.a.weight, mod.a.bias).float(), atol=tol, rtol=tol)
         if rows <= dense.CHUNK:       # a row's result does not depend on its neighbours or the padding
             torch.testing.assert_close(got[:1].float(), mod.a(x[:1]).float(), atol=tol, rtol=tol)
