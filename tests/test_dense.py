@@ -117,3 +117,16 @@ def test_the_onednn_caches_are_capped_before_torch_runs_unless_the_environment_s
     for name in onednn_caches.VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert onednn_caches.bound(32) == {n: "32" for n in onednn_caches.VARIABLES}
+
+
+def test_benchmarks_can_turn_the_buckets_off(monkeypatch):
+    monkeypatch.setattr(dense, "BUCKET", dense.BUCKET)          # restored after the test
+    monkeypatch.setenv("ACTORSERVE_DENSE", "exact")
+    mod = _module(torch.float32)
+    assert dense.pack_model(mod) == 2 and dense.BUCKET is False
+    seen = []
+    real = dense._product
+    monkeypatch.setattr(dense, "_product", lambda x, p, b: (seen.append(x.shape[0]), real(x, p, b))[1])
+    x = torch.randn(70, 192)
+    torch.testing.assert_close(mod.a(x), F.linear(x, mod.a.weight, mod.a.bias), atol=1e-5, rtol=1e-5)
+    assert seen == [70]

@@ -59,6 +59,7 @@ def bucket_rows(rows: int) -> int:
 
 
 BUCKETS = tuple(sorted({bucket_rows(n) for n in range(1, CHUNK + 1)}))
+BUCKET = True        # False under ACTORSERVE_DENSE=exact (benchmarks: every row count as it is)
 
 
 def _product(x2: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -92,7 +93,9 @@ def linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     rows = x2.shape[0]
-    if rows <= CHUNK:
+    if not BUCKET:
+        y = _product(x2, packed, module.bias)
+    elif rows <= CHUNK:
         y = _bucketed(x2, packed, module.bias)
     else:
         y = torch.cat([_bucketed(x2[i:i + CHUNK], packed, module.bias) for i in range(0, rows, CHUNK)])
@@ -126,9 +129,12 @@ def pack_model(model: Any) -> int:
     costs more (27 against 4 us for one row of a 64x16 float32 weight, 117 against 27 for 512
     rows) and each compiled shape holds ~0.6 MB. Returns how many were packed: 0 where oneDNN
     is missing or its product disagrees with ``F.linear`` on the first one, or
-    ``ACTORSERVE_DENSE=plain`` is set (benchmarks)."""
-    if os.environ.get("ACTORSERVE_DENSE", "packed") == "plain":
+    ``ACTORSERVE_DENSE=plain`` is set (benchmarks; ``exact``: packed, without the row buckets)."""
+    global BUCKET
+    mode = os.environ.get("ACTORSERVE_DENSE", "packed")
+    if mode == "plain":
         return 0
+    BUCKET = mode != "exact"
     if not _ops_available():
         log.info("dense linears: oneDNN not available, plain F.linear")
         return 0
