@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 PACKED = "_actorserve_packed"      # the packed weight, an attribute of the nn.Linear
 DTYPES = (torch.float32, torch.bfloat16)
-MIN_WEIGHT = 1 << 14               # weights with fewer elements keep F.linear (see pack_model)
+MIN_WEIGHT = 1 << 14               # float32 weights with fewer elements keep F.linear (pack_model)
 CHUNK = 512                        # rows per oneDNN call at most (larger inputs are sliced)
 
 
@@ -124,10 +124,13 @@ def _agrees(mod: torch.nn.Linear, packed: torch.Tensor) -> bool:
 def pack_model(model: Any) -> int:
     """Pack every float32/bfloat16 ``nn.Linear`` of `model` (in its final dtype); a linear whose
     forward the quantizer already replaced keeps it (`quant.QuantLinear` falls back to `linear`
-    for its wide steps). A weight of fewer than `MIN_WEIGHT` elements (the tiny test model's
-    16x16 and 64x16) stays with ``F.linear``: there is no reorder worth saving, oneDNN's call
-    costs more (27 against 4 us for one row of a 64x16 float32 weight, 117 against 27 for 512
-    rows) and each compiled shape holds ~0.6 MB. Returns how many were packed: 0 where oneDNN
+    for its wide steps). A float32 weight of fewer than `MIN_WEIGHT` elements (the tiny test
+    model's 16x16 and 64x16) stays with ``F.linear``, which is MKL's sgemm there: no reorder
+    worth saving, oneDNN's call costs more (27 against 4 us for one row of a 64x16 weight, 117
+    against 27 for 512 rows) and each compiled shape would hold ~0.6 MB. A bfloat16 one is
+    packed whatever its size: ``F.linear`` takes oneDNN's matmul for it, which compiles and
+    keeps a primitive per row count (+164 MB for 300 row counts of a 16x16 weight), and
+    packed, its row counts are bucketed. Returns how many were packed: 0 where oneDNN
     is missing or its product disagrees with ``F.linear`` on the first one, or
     ``ACTORSERVE_DENSE=plain`` is set (benchmarks; ``exact``: packed, without the row buckets)."""
     global BUCKET
@@ -141,7 +144,7 @@ def pack_model(model: Any) -> int:
     count = 0
     for mod in model.modules():
         if (not isinstance(mod, torch.nn.Linear) or mod.weight.dtype not in DTYPES
-                or mod.weight.numel() < MIN_WEIGHT):
+                or (mod.weight.dtype is torch.float32 and mod.weight.numel() < MIN_WEIGHT)):
             continue
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), None)
