@@ -289,7 +289,7 @@ def test_the_ring_keeps_events_compact_and_gives_them_back_whole(tmp_path):
         GENERATION.fire(s, "deliver", observer=rec)
     except IllegalTransition:
         pass
-    rec.note("step", "step", data={"batch": [["r1", 400]]})
+    rec.note("step", "step", data={"batch": [["r1", 400], ["r2", 1]]})
     rec.message("req:r1", Ping("r1"))
     rec.close()
 
@@ -308,6 +308,7 @@ def test_the_ring_keeps_events_compact_and_gives_them_back_whole(tmp_path):
     assert (sched.ok, sched.cause, sched.dst) == (True, msg.seq, "prefill")
     assert (refused.ok, refused.dst) == (False, None) and "not allowed" in refused.error
     assert [e.rid for e in rec.events(rid="r1", kind="message")] == ["r1", "r1"]
+    assert from_file[5].data == {"batch": [["r1", 400], ["r2", 1]]} and rec.events()[-2] == from_file[5]
 
     # what the ring holds: a message in 4 fields, a prompt as an array of 4-byte ints
     entries = list(rec.ring)
@@ -318,3 +319,9 @@ def test_the_ring_keeps_events_compact_and_gives_them_back_whole(tmp_path):
     assert isinstance(held, array) and held.itemsize == 4 and held.tolist() == prompt
     assert sys.getsizeof(held) < 8 * len(prompt)          # a list's pointers alone would be 8 a token
     assert keep.events()[0].data["prompt"] == prompt
+    out = [["r1", 7], ["r2", "pooled"]]
+    odd = [["r1", 7, "stop"], ["r2", 8]]                     # not all pairs: kept as it is
+    keep.input("step_end", data={"step": 1, "out": out, "error": None})
+    keep.input("step_end", data={"step": 2, "out": odd, "error": None})
+    assert type(keep.ring[1][-1]["out"]).__name__ == "_Pairs" and keep.ring[2][-1]["out"] is odd
+    assert [e.data["out"] for e in keep.events(kind="input")[1:]] == [out, odd]

@@ -26,7 +26,8 @@ consecutive seqs), ``ok`` is ``error is None``, and a message (about half of all
 one per token) is ``(t_ns, rid, event, dst)``; anything else is ``(t_ns, rid, kind, event,
 src, dst, error, cause, defn, data)``. An arrival's prompt (``data["prompt"]``, the list of
 token ids) is kept as 4-byte ints (`array`) rather than a list of int objects (~40 bytes a
-token): the largest part of a full ring. `events`, live subscribers and the file see the
+token), and a step's members and answers (``batch``, ``out``: a 2-item list per member) as
+one flat tuple: the largest parts of a full ring. `events`, live subscribers and the file see the
 same events as before, the prompt a list again: what a recording proves is unchanged. The file opens with one
 `{"header": ...}` line that holds the lifecycle definitions the run used, so replay can
 tell a history recorded under other definitions. Files rotate at `max_bytes` (`PATH`,
@@ -72,8 +73,21 @@ _LINE = ('{"seq":%d,"t_ns":%d,"rid":%s,"kind":%s,"event":%s,"src":%s,"dst":%s,"o
          '"cause":%s,"defn":%s,"data":%s}')
 
 
+class _Pairs:
+    """A list of 2-item lists (a step's ``batch`` and ``out``: ``[[rid, n], ...]``) kept flat in
+    the ring: one tuple, 8 bytes a field instead of a 72-byte list a row."""
+    __slots__ = ("flat",)
+
+    def __init__(self, flat: tuple) -> None:
+        self.flat = flat
+
+    def tolist(self) -> list[list[Any]]:
+        f = self.flat
+        return [[f[i], f[i + 1]] for i in range(0, len(f), 2)]
+
+
 def _list(o: Any) -> list[Any]:
-    if isinstance(o, array):           # a prompt compacted in the ring: the same JSON list
+    if isinstance(o, (array, _Pairs)):      # compacted in the ring: the same JSON list
         return o.tolist()
     raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
@@ -90,12 +104,24 @@ def _js(v: Any) -> str:
     return json.dumps(v, separators=(",", ":"), default=_list)
 
 
+COMPACTED = frozenset(("prompt", "batch", "out"))
+
+
 def _compact(data: dict[str, Any]) -> dict[str, Any]:
-    """`data` with its prompt as an ``array('i')`` (when it is a list of ints that fit)."""
-    try:
-        return {**data, "prompt": array("i", data["prompt"])}
-    except (TypeError, OverflowError):
-        return data
+    """`data` with its prompt as an ``array('i')`` (when its ints fit) and a step's ``batch`` /
+    ``out`` flat (`_Pairs`, when every row is a 2-item list); anything else as it is."""
+    data = dict(data)
+    prompt = data.get("prompt")
+    if type(prompt) is list:
+        try:
+            data["prompt"] = array("i", prompt)
+        except (TypeError, OverflowError):
+            pass
+    for key in ("batch", "out"):
+        rows = data.get(key)
+        if type(rows) is list and rows and all(type(r) is list and len(r) == 2 for r in rows):
+            data[key] = _Pairs(tuple(x for r in rows for x in r))
+    return data
 
 
 def _fields(seq: int, t: tuple) -> tuple:
@@ -111,8 +137,8 @@ def _event(seq: int, t: tuple) -> "Event":
     """The `Event` at `seq` whose ring entry is `t`, its prompt a list again."""
     f = _fields(seq, t)
     data = f[11]
-    if data is not None and isinstance(data.get("prompt"), array):
-        f = (*f[:11], {**data, "prompt": data["prompt"].tolist()})
+    if data is not None and not COMPACTED.isdisjoint(data):
+        f = (*f[:11], {k: v.tolist() if isinstance(v, (array, _Pairs)) else v for k, v in data.items()})
     return Event(*f)
 
 
@@ -232,13 +258,15 @@ class FlightRecorder:
     def note(self, kind: str, event: str, *, rid: str | None = None,
              data: dict[str, Any] | None = None) -> int:
         """Anything else worth replaying (scheduler steps, client disconnects, arrivals)."""
+        if data is not None and not COMPACTED.isdisjoint(data):
+            data = _compact(data)
         return self._add(rid, kind, event, None, None, None, self.cause, None, data)
 
     def input(self, event: str, *, rid: str | None = None, data: dict[str, Any] | None = None) -> int:
         """Something entered the actors from outside (a client call, a model step coming back, a
         timer): re-execution feeds these back in, each at the point it was recorded."""
         self.cause = None
-        if data is not None and "prompt" in data:
+        if data is not None and not COMPACTED.isdisjoint(data):
             data = _compact(data)
         return self._add(rid, "input", event, None, None, None, None, None, data)
 
