@@ -21,11 +21,14 @@ keeps it in two caches (its own, ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, and ideep'
 (measured for shapes from 16x16 to 49152x576, float32 and bfloat16) whatever the weight. Every
 prefill length and every batch width is a new row count, so a server under mixed traffic
 gathered hundreds of them: +300 MB after the soak's first cycles, never given back. `linear`
-therefore hands oneDNN 32 row counts only (`BUCKETS`): up to 8 rows are padded to 8, then to
-the next multiple of 8 up to 128, of 16 up to 256 and of 32 up to 512 (`bucket_rows`: at most
-12.5% padding from 65 rows on, about 6% on average; below that a step reads the whole weight
-for any width anyway), and more than `CHUNK` (512) rows run as 512-row slices plus one
-bucketed rest. So each weight shape compiles 32 primitives at most, once each.
+therefore hands oneDNN 20 row counts only (`BUCKETS`): the rows are padded to the next
+multiple of 8 up to 64, of 16 up to 128, of 32 up to 256 and of 64 up to 512 (`bucket_rows`:
+at most 25% padding from 65 rows on, about 10% on average; below 64 rows a step reads the whole
+weight for any width anyway), and more than `CHUNK` (512) rows run as 512-row slices plus one
+bucketed rest. So each weight shape compiles 20 primitives at most (per thread count), once
+each. (Eighths of an octave, 32 buckets, padded less but the soak's shapes then outgrew the
+caches' 256 entries together with the encoder's GELU primitives, one per batch shape, and
+were compiled again and again.)
 The padded rows are zeros and their outputs are dropped; each row's result is its own (a
 linear has no cross-row arithmetic). `engine.onednn_caches` caps the two caches as well, so
 no other shape (an unpacked linear, an encoder) can grow them without bound.
@@ -49,12 +52,10 @@ CHUNK = 512                        # rows per oneDNN call at most (larger inputs
 
 
 def bucket_rows(rows: int) -> int:
-    """The row count oneDNN computes for `rows` (1..CHUNK) rows: 8 for up to 8, else the next
-    multiple of 8 (up to 128), 16 (up to 256), 32 (up to 512): of an eighth of the power of two
-    below `rows`, so at most 12.5% padding from 65 rows on."""
-    if rows <= 8:
-        return 8
-    step = 1 << max(3, (rows - 1).bit_length() - 4)
+    """The row count oneDNN computes for `rows` (1..CHUNK) rows: the next multiple of 8 up to 64,
+    then of 16 (up to 128), 32 (up to 256), 64 (up to 512): a quarter of the power of two below
+    `rows`, so at most 25% padding from 65 rows on."""
+    step = 1 << max(3, (rows - 1).bit_length() - 3)
     return -(-rows // step) * step
 
 
