@@ -323,5 +323,5 @@ def test_the_ring_keeps_events_compact_and_gives_them_back_whole(tmp_path):
     odd = [["r1", 7, "stop"], ["r2", 8]]                     # not all pairs: kept as it is
     keep.input("step_end", data={"step": 1, "out": out, "error": None})
     keep.input("step_end", data={"step": 2, "out": odd, "error": None})
-    assert type(keep.ring[1][-1]["out"]).__name__ == "_Pairs" and keep.ring[2][-1]["out"] is odd
+    assert type(keep.ring[1][-1]["out"]).__name__ == "Pairs" and keep.ring[2][-1]["out"] is odd
     assert [e.data["out"] for e in keep.events(kind="input")[1:]] == [out, odd]

@@ -20,17 +20,12 @@ Event schema (docs/recording.md has the long form)::
 Events live in a bounded ring buffer (a `deque(maxlen=...)` of tuples: cheap on the hot
 path) and, when a path is given, are appended to a JSONL file.
 
-*The ring's size* (issue 31: a full ring of 100k events was ~35 MB of a server at rest). A ring
-entry holds only what an `Event` cannot derive: ``seq`` is its position (the ring holds
-consecutive seqs), ``ok`` is ``error is None``, and a message (about half of all events:
-one per token) is ``(t_ns, rid, event, dst)``; anything else is ``(t_ns, rid, kind, event,
-src, dst, error, cause, defn, data)``. An arrival's prompt (``data["prompt"]``, the list of
-token ids) is kept as 4-byte ints (`array`) rather than a list of int objects (~40 bytes a
-token), and a step's members and answers (``batch``, ``out``: a 2-item list per member) as
-one flat tuple: the largest parts of a full ring. `events`, live subscribers and the file see the
-same events as before, the prompt a list again: what a recording proves is unchanged. The file opens with one
-`{"header": ...}` line that holds the lifecycle definitions the run used, so replay can
-tell a history recorded under other definitions. Files rotate at `max_bytes` (`PATH`,
+Ring entries are compact (`recorder_ring`: ``seq`` and ``ok`` derived, a message in 4 fields,
+prompts as 4-byte ints, a step's rows flat); `events`, live subscribers and the file see the
+same 12-field events as before, so what a recording proves is unchanged.
+
+The file opens with one `{"header": ...}` line that holds the lifecycle definitions the run
+used, so replay can tell a history recorded under other definitions. Files rotate at `max_bytes` (`PATH`,
 `PATH.1`, ...), each new file starting with its own header.
 
 *Fleet recordings.* A recorder made with ``replica="r0"`` names its replica in the header,
@@ -60,36 +55,17 @@ import json
 import os
 import re
 import time
-from array import array
 from collections import deque
 from json.encoder import encode_basestring
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable
 
 from ..actors.clock import Clock, LoopClock
+from .recorder_ring import COMPACTED, compact as _compact, fields as _fields, plain as _plain, to_json_list as _list
 
 FIELDS = ("seq", "t_ns", "rid", "kind", "event", "src", "dst", "ok", "error", "cause", "defn", "data")
 _LINE = ('{"seq":%d,"t_ns":%d,"rid":%s,"kind":%s,"event":%s,"src":%s,"dst":%s,"ok":%s,"error":%s,'
          '"cause":%s,"defn":%s,"data":%s}')
-
-
-class _Pairs:
-    """A list of 2-item lists (a step's ``batch`` and ``out``: ``[[rid, n], ...]``) kept flat in
-    the ring: one tuple, 8 bytes a field instead of a 72-byte list a row."""
-    __slots__ = ("flat",)
-
-    def __init__(self, flat: tuple) -> None:
-        self.flat = flat
-
-    def tolist(self) -> list[list[Any]]:
-        f = self.flat
-        return [[f[i], f[i + 1]] for i in range(0, len(f), 2)]
-
-
-def _list(o: Any) -> list[Any]:
-    if isinstance(o, (array, _Pairs)):      # compacted in the ring: the same JSON list
-        return o.tolist()
-    raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
 
 def _js(v: Any) -> str:
@@ -104,41 +80,12 @@ def _js(v: Any) -> str:
     return json.dumps(v, separators=(",", ":"), default=_list)
 
 
-COMPACTED = frozenset(("prompt", "batch", "out"))
-
-
-def _compact(data: dict[str, Any]) -> dict[str, Any]:
-    """`data` with its prompt as an ``array('i')`` (when its ints fit) and a step's ``batch`` /
-    ``out`` flat (`_Pairs`, when every row is a 2-item list); anything else as it is."""
-    data = dict(data)
-    prompt = data.get("prompt")
-    if type(prompt) is list:
-        try:
-            data["prompt"] = array("i", prompt)
-        except (TypeError, OverflowError):
-            pass
-    for key in ("batch", "out"):
-        rows = data.get(key)
-        if type(rows) is list and rows and all(type(r) is list and len(r) == 2 for r in rows):
-            data[key] = _Pairs(tuple(x for r in rows for x in r))
-    return data
-
-
-def _fields(seq: int, t: tuple) -> tuple:
-    """The 12 fields (`FIELDS`) of the event at `seq` whose ring entry is `t` (see the module's
-    doc: the ring's size); a compacted prompt stays an array."""
-    if len(t) == 4:
-        return (seq, t[0], t[1], "message", t[2], None, t[3], True, None, None, None, None)
-    t_ns, rid, kind, event, src, dst, error, cause, defn, data = t
-    return (seq, t_ns, rid, kind, event, src, dst, error is None, error, cause, defn, data)
-
-
 def _event(seq: int, t: tuple) -> "Event":
     """The `Event` at `seq` whose ring entry is `t`, its prompt a list again."""
     f = _fields(seq, t)
     data = f[11]
     if data is not None and not COMPACTED.isdisjoint(data):
-        f = (*f[:11], {k: v.tolist() if isinstance(v, (array, _Pairs)) else v for k, v in data.items()})
+        f = (*f[:11], _plain(data))
     return Event(*f)
 
 
@@ -183,7 +130,7 @@ class FlightRecorder:
         self.clock: Clock = clock or LoopClock()
         self.replica = replica
         self.wall_clock = wall_clock
-        self.ring: deque[tuple] = deque(maxlen=capacity)   # entries: see "the ring's size"
+        self.ring: deque[tuple] = deque(maxlen=capacity)   # entries: see `recorder_ring`
         self.seq = 0
         self.cause: int | None = None
         self.record_messages = record_messages
