@@ -29,11 +29,47 @@ recording, read back through ``/debug/requests``: the server runs with ``--debug
 51.9 req/s, low class at 103.8 req/s streamed; high-class TTFT p50/p95 9.3/13.6 ms unloaded,
 18.4/55.5 ms loaded (client, p95 ratio 4.10); server-side 7.2/10.2 -> 11.0/43.5 ms (ratio 4.27),
 its wait for a step p50 0.7 -> 4.3 ms; 1038 of 1038 low-priority requests completed, 33
-preemptions. The 1.2 goal is not met. The high class never waits behind the backlog (it is
-admitted at the next step, retracting a lower priority if it must); what is left is the step
-already in flight when it arrives and the width of the step it runs in. A step of its own for
-such an arrival (the lower classes sitting it out) was tried and measured no better (p95 ratio
-5.1 vs 3.6 in back-to-back runs): the in-flight step dominates the tail.
+preemptions. The 1.2 goal is not met.
+
+What the loaded TTFT is made of (``--record PATH``, then ``benchmarks/priority_tail.py PATH``:
+per high request, the residual of the step in flight at its arrival, the loop's turnaround,
+its own step's duration and width, and the output stage): on the box shared with other work
+(load average 4.5-6 on its 2 cores, so capacity only 8-18 req/s), before the changes below, the
+own step (p50 45-84 ms, 16 wide, a prefill among 15 decodes) and the step in flight (p50
+11-24 ms, p95 50-76 ms) were all of it; the turnaround and the stage about 1 ms each. Of the
+arrivals, 32 in 40 found another high request in the step in flight.
+
+Changes, measured A/B back to back (3 runs each, alternating, medians; loaded server p95):
+* giving up the step in flight at a layer boundary for an arrival that outranks every member
+  (`actors/step_preempt.py`) alone: no better (server p95 ratio 5.9 vs 7.5 unchanged code,
+  client 7.1 vs 7.2, loaded p95 208 vs 198 ms: noise): it rarely applied (2-33 asks a run,
+  0-11 steps given up);
+* with a step of its own for the best class's prefill and the ask extended to a step that holds
+  the arrival's own class as long as none outranks it: server TTFT p95 loaded 56/61/123 ms vs
+  94/190/267 (server p95 ratio 3.1 vs 6.0; client p95 ratio 4.3 vs 5.1, client p95 loaded
+  120 vs 202 ms); its own step p50 24 ms (1-2 wide) vs 74 ms, the step in flight p50 8.6 vs
+  14.3 ms; all low-class requests completed (320, 353, 277); 39-40 asks a run, 12-24 given up
+  (the rest came after the last boundary: the forward of the 2-layer tiny model is a small
+  part of its step, and sampling is not interruptible);
+* ``--switch-interval 0.0005`` (the step thread's GIL turns; the server's flag, default
+  Python's 5 ms) with preemption alone: no gain (2 runs: server p95 ratio 9.9 vs 5.9, loaded
+  p95 199 vs 208 ms). With both changes, on a box then far busier (load 8-10, the unloaded
+  phase itself 3x slower, so the ratios mean nothing; 2 runs each): loaded server p95 83 ms
+  with it vs 138 without, and 103 with the low class answered whole (``--low-whole``): a hint
+  that the last A/B below did not confirm.
+
+Last A/B, both changes vs the code before them (2 runs each, alternating, load 5-8): client
+high-class TTFT p95 loaded 66/125 ms vs 211/218 (p95 ratio 2.2/1.7 vs 5.9/9.9; the second's
+unloaded p95 had a 72 ms stall), server-side p95 loaded 45/73 ms vs 191/189 (ratio 2.0/1.1 vs
+6.4/11.4); own step p50 16/25 ms (1 wide) vs 91 ms (16 wide); step in flight p50 6/11 ms vs
+22/35 ms; every low-class request completed (194, 361 vs 156, 256). With ``--switch-interval
+0.0005`` on top: ratio 2.1/2.4, server p95 44/68 ms: the same.
+
+What is left, on this box: the high request's own narrow step runs 2-5x slower than unloaded
+(the event loop streaming the low class's tokens, the client on the same 2 cores and the
+other load take the CPU and the GIL), the asks that land too late, and the client's own lag
+(its p95 is 35-100 ms above the server's). A step of its own was tried before preemption and
+measured no better (p95 ratio 5.1 vs 3.6): the step in flight dominated then.
 """
 
 from __future__ import annotations
@@ -190,15 +226,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--low-whole", dest="low_stream", action="store_false",
                    help="answer the low class whole, not streamed (background work: more of it "
                         "per second at the same 2x, so a heavier load)")
+    p.add_argument("--switch-interval", default=None,
+                   help="the server's --switch-interval (seconds; default: Python's 0.005)")
+    p.add_argument("--record", default=None,
+                   help="keep the server's flight recording (JSONL) at this path, for "
+                        "benchmarks/priority_tail.py (default: a temporary file)")
     args = p.parse_args(argv)
     port = free_port()
     tmp = tempfile.TemporaryDirectory()
-    record = os.path.join(tmp.name, "priority.jsonl")     # the flight recorder feeds /debug/requests
+    record = args.record or os.path.join(tmp.name, "priority.jsonl")     # the flight recorder feeds /debug/requests
     url = f"http://127.0.0.1:{port}"
     blocks = args.kv_blocks or max(16, (args.max_num_seqs * (args.low_tokens // 16 + 2)) * 3 // 4)
     proc = start_server(port, "--model", args.model, "--embedding-model", "none",
                         "--kv-blocks", str(blocks), "--max-num-seqs", str(args.max_num_seqs),
                         "--scheduling-policy", "priority", "--debug-routes", "--record", record,
+                        *(["--switch-interval", args.switch_interval] if args.switch_interval else []),
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         asyncio.run(wait_up(url, proc))

@@ -18,7 +18,8 @@ flight recorder's and stores' sizes (`/server_info`). Prints one JSON line: ``rs
 (index 0 is the idle server before any traffic), ``growth_pct`` per cycle (of the previous
 RSS), ``max_growth_pct_from_cycle3``, ``rest_over_start`` (the last idle RSS over the first),
 ``errors`` (any answer that was not what its kind expects), ``requests`` done per kind, the
-CPU model and the arguments. Goals (issue 31): from cycle 3 on growth per cycle <= 0.2%, and
+CPU model and the arguments; with ``--smaps``, the RSS by kind of mapping too (`rss_by_region`).
+``--cycles 3 --requests 300`` is a quick look while iterating. Goals (issue 31): from cycle 3 on growth per cycle <= 0.2%, and
 the idle server within 10% of its start.
 
     python benchmarks/soak.py --json                 # 10 cycles of 600, 32 at once
@@ -47,6 +48,33 @@ from serverproc import cpu_name, free_port, rss_bytes, start_server, stop_server
 MIX = [("chat", 35), ("stream", 20), ("embed", 15), ("abort", 10), ("session", 10), ("response", 10)]
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
          "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+
+
+def rss_by_region(pid: int) -> dict[str, float]:
+    """The process's RSS (MB) by kind of mapping, from ``/proc/PID/smaps``: ``files`` (the
+    libraries and model files mapped), ``heap`` (the main thread's brk heap), ``arenas``
+    (anonymous mappings inside the 64 MB reservations glibc makes for other threads' heaps),
+    ``anon_large`` (other anonymous mappings of 1 MB or more: big tensors, mmapped mallocs)
+    and ``anon_small`` (the rest: stacks, Python's own arenas, small mmaps)."""
+    out = {"files": 0.0, "heap": 0.0, "arenas": 0.0, "anon_large": 0.0, "anon_small": 0.0}
+    kind, size = "anon_small", 0
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            first = line.split(maxsplit=6)
+            if "-" in first[0] and len(first) >= 5 and not first[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in first[0].split("-"))
+                size, name = hi - lo, (first[5].strip() if len(first) > 5 else "")
+                if name == "[heap]":
+                    kind = "heap"
+                elif name.startswith("/"):
+                    kind = "files"
+                elif name == "" and lo % (64 << 20) == 0 and size <= (64 << 20):
+                    kind = "arenas"              # glibc's per-thread heaps are 64 MB-aligned
+                else:
+                    kind = "anon_large" if size >= (1 << 20) else "anon_small"
+            elif first[0] == "Rss:":
+                out[kind] += int(first[1]) / 1024
+    return {k: round(v, 1) for k, v in out.items()}
 
 
 def text(rng: random.Random, n: int) -> str:
@@ -170,17 +198,21 @@ class Soak:
 
 async def run(args: argparse.Namespace, proc: subprocess.Popen, url: str) -> dict[str, Any]:
     soak = Soak(url, args)
-    rss, sizes, secs = [], [], []
+    rss, sizes, secs, regions = [], [], [], []
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=args.concurrency + 4)) as http:
         sizes.append(await soak.at_rest(http))
         rss.append(round(rss_bytes(proc.pid) / 2**20, 1))
+        if args.smaps:
+            regions.append(rss_by_region(proc.pid))
         for c in range(args.cycles):
             t0 = time.perf_counter()
             await soak.cycle(http, c)
             secs.append(round(time.perf_counter() - t0, 1))
             sizes.append(await soak.at_rest(http))
             rss.append(round(rss_bytes(proc.pid) / 2**20, 1))
+            if args.smaps:
+                regions.append(rss_by_region(proc.pid))
             if not args.json:
                 print(f"cycle {c + 1}: {secs[-1]} s, RSS {rss[-1]} MB, {sizes[-1]}", file=sys.stderr)
     growth = [round((b - a) / a * 100, 3) for a, b in zip(rss, rss[1:])]
@@ -189,6 +221,7 @@ async def run(args: argparse.Namespace, proc: subprocess.Popen, url: str) -> dic
             "max_growth_pct_from_cycle3": max(late) if late else None,
             "rest_over_start": round(rss[-1] / rss[0], 3), "cycle_s": secs, "server_sizes": sizes,
             "requests": soak.done, "errors": soak.errors,
+            **({"rss_by_region_mb": regions} if args.smaps else {}),
             "args": {k: v for k, v in vars(args).items() if k != "json"}}
 
 
@@ -202,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-arg", action="append", default=[], help="extra `serve` argument (repeat)")
     p.add_argument("--server-log", default=None, help="write the server's output here")
+    p.add_argument("--smaps", action="store_true", help="also the server's RSS by kind of mapping after each cycle")
     p.add_argument("--json", action="store_true", help="print the one JSON line (the only output)")
     args = p.parse_args(argv)
     port = free_port()

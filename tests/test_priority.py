@@ -163,7 +163,9 @@ def test_the_policy_retracts_only_strictly_lower_priorities_and_the_worst_first(
     lane.append(urgent)
     plan = pol.plan(running, [lane], bm)
     assert [s.rid for s in plan.retracted] == ["b"] and plan.causes == ["priority:urgent"]
-    assert [s.rid for s, _ in plan.batch] == ["a", "urgent"] and urgent not in lane
+    # urgent's prefill has the step to itself: a, still running with its blocks, sits it out
+    assert [s.rid for s, _ in plan.batch] == ["urgent"] and urgent not in lane
+    assert [s.rid for s in running] == ["a", "urgent"]
 
 
 def test_priority_lane_orders_by_rank_and_removes_from_anywhere():

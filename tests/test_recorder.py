@@ -262,3 +262,66 @@ def test_a_restart_at_the_same_path_keeps_the_earlier_recording(tmp_path):
     assert incarnation_of("run.log.prev-1") == ("run.log", 1)
     assert incarnation_of("d/r0.jsonl") == ("d/r0.jsonl", None)
     assert incarnation_of("d/r0.prev-3.jsonl.1") == ("d/r0.prev-3.jsonl.1", None)
+
+
+def test_the_ring_keeps_events_compact_and_gives_them_back_whole(tmp_path):
+    """Messages are 4-field entries, a prompt 4-byte ints, seq and ok derived (issue 31's memory
+    at rest); `events`, subscribers and the file see the same 12-field events as before."""
+    import sys
+    from array import array
+    from dataclasses import dataclass
+
+    @dataclass
+    class Ping:
+        rid: str
+
+    path = tmp_path / "rec.jsonl"
+    rec = FlightRecorder(clock=ManualClock(), path=path, capacity=6, flush_every=1)
+    live = []
+    rec.subscribe(live.append)
+    prompt = list(range(1000, 1400))
+    rec.input("generate", rid="r1", data={"prompt": prompt, "max_tokens": 4})
+    rec.input("generate", rid="r2", data={"prompt": [1, 2 ** 40]})      # does not fit 4 bytes: kept
+    rec.message("req:r1", Ping("r1"))
+    s = Subject(GENERATION.initial, rid="r1")
+    GENERATION.fire(s, "schedule", observer=rec)
+    try:
+        GENERATION.fire(s, "deliver", observer=rec)
+    except IllegalTransition:
+        pass
+    rec.note("step", "step", data={"batch": [["r1", 400], ["r2", 1]]})
+    rec.message("req:r1", Ping("r1"))
+    rec.close()
+
+    _, from_file = read_recording(path)
+    assert [e.seq for e in from_file] == list(range(1, 8))
+    assert [e.seq for e in live] == list(range(1, 8)) and live == from_file
+    ring = rec.events()                      # capacity 6: the first event has left the ring
+    assert ring == from_file[1:] and len(rec) == 6
+    first = from_file[0]
+    assert first.data == {"prompt": prompt, "max_tokens": 4} and type(first.data["prompt"]) is list
+    assert from_file[1].data == {"prompt": [1, 2 ** 40]}
+    msg = from_file[2]
+    assert (msg.kind, msg.event, msg.dst, msg.ok, msg.src, msg.cause, msg.data) == \
+        ("message", "Ping", "req:r1", True, None, None, None)
+    sched, refused = from_file[3], from_file[4]
+    assert (sched.ok, sched.cause, sched.dst) == (True, msg.seq, "prefill")
+    assert (refused.ok, refused.dst) == (False, None) and "not allowed" in refused.error
+    assert [e.rid for e in rec.events(rid="r1", kind="message")] == ["r1", "r1"]
+    assert from_file[5].data == {"batch": [["r1", 400], ["r2", 1]]} and rec.events()[-2] == from_file[5]
+
+    # what the ring holds: a message in 4 fields, a prompt as an array of 4-byte ints
+    entries = list(rec.ring)
+    assert [len(t) for t in entries] == [10, 4, 10, 10, 10, 4]
+    keep = FlightRecorder(clock=ManualClock())
+    keep.input("generate", rid="r1", data={"prompt": prompt})
+    held = keep.ring[0][-1]["prompt"]
+    assert isinstance(held, array) and held.itemsize == 4 and held.tolist() == prompt
+    assert sys.getsizeof(held) < 8 * len(prompt)          # a list's pointers alone would be 8 a token
+    assert keep.events()[0].data["prompt"] == prompt
+    out = [["r1", 7], ["r2", "pooled"]]
+    odd = [["r1", 7, "stop"], ["r2", 8]]                     # not all pairs: kept as it is
+    keep.input("step_end", data={"step": 1, "out": out, "error": None})
+    keep.input("step_end", data={"step": 2, "out": odd, "error": None})
+    assert type(keep.ring[1][-1]["out"]).__name__ == "Pairs" and keep.ring[2][-1]["out"] is odd
+    assert [e.data["out"] for e in keep.events(kind="input")[1:]] == [out, odd]

@@ -52,7 +52,8 @@ class RuntimeReads:
     shed: int
 
     # -- introspection: snapshots, never actors ------------------------------------------------
-    def _view(self, ref: ActorRef) -> SchedulerView:
+    def _view(self, ref: ActorRef) -> SchedulerView | None:
+        """What the scheduler published after its last turn (None: the runtime is not started)."""
         return self.system.published(ref.name)
 
     def stats(self) -> SchedulerStats:
@@ -88,16 +89,18 @@ class RuntimeReads:
 
     def loras(self) -> list[dict[str, Any]]:
         """The live LoRA adapters (loading, ready, unloading) as plain data, load order."""
-        return [dict(d) for d in self._view(self.sched_ref).loras]
+        view = self._view(self.sched_ref)
+        return [] if view is None else [dict(d) for d in view.loras]     # None: not started yet
 
     def lora_state(self, name: str) -> str | None:
         """The state of adapter `name` (``loading``, ``ready``, ``unloading``), None: not loaded."""
-        return next((d["state"] for d in self._view(self.sched_ref).loras if d["name"] == name), None)
+        return next((d["state"] for d in self.loras() if d["name"] == name), None)
 
     @property
     def lora_enabled(self) -> bool:
         """Whether the generation engine has adapter slots at all."""
-        n = self._view(self.sched_ref).lora_max_loaded
+        view = self._view(self.sched_ref)
+        n = None if view is None else view.lora_max_loaded
         return n is not None and n > 0
 
     def lora_wait(self, name: str) -> "asyncio.Future[str | None]":

@@ -25,6 +25,8 @@ Because the next step starts only once the mailbox is empty, any `AbortRequest` 
 arrived while a step was running is applied before the next step: an aborted request leaves
 at once (its client gets `finish_reason: abort` right away), and its blocks are freed when
 the in-flight step returns — never while the worker thread may still read its block table.
+A request that outranks the step in flight (`step_preempt`) asks the engine to give it up at a
+layer boundary; a step given up advances no member.
 
 Pause, continue, flush and idle waits are in `scheduler_control.py`; memory release and resume
 in `scheduler_memory.py`; LoRA adapters in `scheduler_lora.py`.
@@ -36,7 +38,7 @@ import asyncio
 import logging
 from typing import Any
 
-from ..engine.base import Engine
+from ..engine.base import Engine, StepPreempted
 from ..engine.batching import BatchConfig
 from ..engine.block_manager import BlockManager
 from ..engine.priority import make_policy
@@ -54,6 +56,7 @@ from .output import outputs_done
 from .scheduler_control import SchedulerControl
 from .scheduler_memory import SchedulerMemory
 from .scheduler_stats import SchedulerStats, SchedulerView, batch_it_runs, setup_of, stats_of, view_of
+from .step_preempt import StepPreemption
 from .step_outputs import V, decide, limits_of, step_end_note, step_note
 
 K = SchedulerState
@@ -103,6 +106,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         # How a step runs: None = the system's worker thread (or inline); re-execution holds
         # each step until the recording says it came back. Called (self, fn, batch, wrap=...).
         self.runner: Any = None
+        self.preemption = StepPreemption(engine)   # giving the step in flight up (step_preempt)
         self._init_lora()                # LoRA adapters: their lifecycle and holds (scheduler_lora)
 
     @property
@@ -140,6 +144,9 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         if lora is not None and not self._lora_hold_or_park(seq, lora):
             return                     # parked until its adapter's load is over
         self.queues.enqueue(seq)
+        if self._can("preempt_step") and self.preemption.wanted(seq, self.policy, self.inflight.values()):
+            self.fire("preempt_step")        # it outranks the whole step in flight (step_preempt)
+            self.preemption.ask()
 
     # -- leaving -------------------------------------------------------------------------------
     def _end(self, seq: Any, actor: ActorRef | None, msg: Aborted | Failed) -> None:
@@ -239,12 +246,14 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
             rec.note("step", "step", data=step_note(self.name, self.step_id, batch))
         step = self.step_id
         self.step_version = self.weight_version     # its tokens are this version's (no load mid-step)
+        self.preemption.started()
         run = self.runner or (self.system.run_in_thread if self.step_in_thread else self.system.run_inline)
         run(self.ref, self.engine.execute, batch, wrap=lambda res, err: self._returned(step, batch, res, err))
 
     def _returned(self, step: int, batch: list[Any], res: Any, err: BaseException | None) -> StepDone:
         """The model step came back (on the loop, outside any turn): an input to the actors.
         The recorder notes what the model answered, which re-execution plays back."""
+        self.preemption.returned()
         rec = self.system.recorder if self.system is not None else None
         if rec is not None:
             rec.input("step_end", data=step_end_note(self.name, step, res, err))
@@ -289,6 +298,10 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         """The model step came back: isolate a failure, advance every member, apply the
         verdicts, and hand the step's tokens to the output stage (or end the step)."""
         self.steps_done += 1
+        if isinstance(msg.error, StepPreempted) and self.state not in _ISOLATING:
+            self.queues.step_over(msg.batch)     # given up: no member advanced
+            self._end_step(())
+            return
         if msg.error is not None or self.state in _ISOLATING:
             msg = self.isolator.step_back(msg, self.name, self._hooks())
             if msg is None:

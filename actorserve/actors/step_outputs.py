@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 from typing import Any, NamedTuple
 
+from ..engine.base import StepPreempted
 from ..engine.batching import step_stage
 from ..messages import TokenOut
 
@@ -106,6 +107,8 @@ def step_note(sched: str, step: int, batch: list[tuple[Any, int]]) -> dict[str, 
 
 def step_end_note(sched: str, step: int, res: Any, err: BaseException | None) -> dict[str, Any]:
     """The recording's ``step_end`` input: what the model answered, which re-execution plays back."""
+    if isinstance(err, StepPreempted):       # given up at a layer boundary: nothing answered
+        return {"sched": sched, "step": step, "out": None, "error": None, "preempted": True}
     return {"sched": sched, "step": step, "out": None if err is not None else [answer(o) for o in res or ()],
             "error": None if err is None else f"{type(err).__name__}: {err}"}
 

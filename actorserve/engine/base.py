@@ -9,6 +9,12 @@ For a member whose step reaches the end of its known tokens the engine returns a
 `SeqOutput`: a sampled ``token_id`` for a generation sequence, ``pooled`` values for a
 pooling sequence. A prefill chunk that stops short of the end returns an output with
 neither (``token_id is None and pooled is None``).
+
+An engine may carry ``preempt`` (a `threading.Event`): the scheduler sets it when a request
+that outranks the step in flight arrives (`actors.step_preempt`), and the engine checks it between
+layers; set, it gives the step up by raising `StepPreempted` -- no member advances (the KV it
+wrote past ``num_computed`` is written again by the step that recomputes those tokens). The
+scheduler clears it before each step.
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from .sequence import Sequence
+
+
+class StepPreempted(Exception):
+    """The step was given up at a layer boundary because ``engine.preempt`` was set."""
 
 
 @dataclass(slots=True)

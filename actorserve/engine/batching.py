@@ -103,6 +103,11 @@ class BatchPolicy:
         """The waiting queue this policy serves from (FIFO here; `engine.priority` orders it)."""
         return Lane()
 
+    def preempts(self, seq: Sequence, members: Iterable[Sequence]) -> bool:
+        """Whether `seq`'s arrival is worth giving up the step in flight of `members` for
+        (the priority policy's question; first come, first served never does)."""
+        return False
+
     def _retract(self, out: Plan, victim: Sequence, cause: str) -> None:
         out.retracted.append(victim)
         out.causes.append(cause)

@@ -10,9 +10,10 @@ runs at the start of every step, so a test can raise (a failing step) or block o
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
-from .base import EngineInfo, SeqOutput
+from .base import EngineInfo, SeqOutput, StepPreempted
 from .sequence import Sequence
 from .speculative import accepted
 
@@ -37,6 +38,8 @@ class FakeEngine:
         self.history: list[list[tuple[str, int]]] = []
         self.released: set[str] = set()
         self.steps = 0
+        self.preempt = threading.Event()   # set: the next step is given up (`StepPreempted`)
+        self.preempted = 0
         # LoRA adapters (`engine.fake_lora`): with `loras` slots, a sequence's tokens under an
         # adapter are the base's shifted by its digest; None: no adapters (like the HF fallback)
         self.lora: Any = None
@@ -76,6 +79,9 @@ class FakeEngine:
 
     def execute(self, batch: list[tuple[Sequence, int]]) -> list[SeqOutput]:
         self.steps += 1
+        if self.preempt.is_set():         # as the runner does at its first layer boundary
+            self.preempted += 1
+            raise StepPreempted(f"step {self.steps}")
         if self.fault is not None:
             self.fault(batch)
         seen: set[str] = set()

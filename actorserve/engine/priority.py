@@ -138,6 +138,34 @@ class PriorityPolicy(BatchPolicy):
         """`a` has strictly higher priority than `b` (arrival order does not count)."""
         return self.rank(a)[0] < self.rank(b)[0]
 
+    def preempts(self, seq: Sequence, members: Iterable[Sequence]) -> bool:
+        """A business request that no member of the step in flight outranks and that outranks
+        some: its class's own members lose that step's work too, but the next step is the
+        best class's alone (`plan`), so they get their token about when they would have, and
+        the arrival its first one a whole wide step earlier. A probe neither asks (it is no
+        one's latency) nor is a probe's step given up."""
+        members = list(members)
+        return (not getattr(seq, "is_probe", False) and any(self._outranks(seq, m) for m in members)
+                and not any(self._outranks(m, seq) for m in members))
+
+    def plan(self, running: list[Sequence], lanes: list[Any], bm: BlockManager) -> Plan:
+        """`BatchPolicy.plan`, then a step of its own for a request's first token: when a
+        member of the best priority in the batch is still prefilling, the members of lower
+        priority sit this step out (still running, their blocks kept; drafts dropped)."""
+        out = super().plan(running, lanes, bm)
+        if len(out.batch) < 2:
+            return out
+        best = min(self.rank(s)[0] for s, _ in out.batch)
+        if not any(self.rank(s)[0] == best and not s.is_probe and not s.prefill_complete for s, _ in out.batch):
+            return out
+        keep = [(s, n) for s, n in out.batch if self.rank(s)[0] == best]
+        if len(keep) < len(out.batch):
+            for s, _ in out.batch:
+                if self.rank(s)[0] != best:
+                    s.draft = []
+            out.batch[:] = keep
+        return out
+
     def new_lane(self) -> PriorityLane:
         return PriorityLane(low_first=self.low_first)
 

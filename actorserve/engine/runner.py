@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 
 from . import glue as glue_mod
 from . import prompt_logprobs as prompt_lp
-from .base import SeqOutput, engine_info
+from .base import SeqOutput, StepPreempted, engine_info
 from .block_tables import BlockTables
 from .decode_kernel import PARALLEL_MIN_ELEMENTS as ATTENTION_PARALLEL_MIN
 from .decode_kernel import load as load_decode_kernel
@@ -116,6 +117,8 @@ class PagedLlamaRunner(_SamplingRunner):
                       if self.glue is not None and FusedStep.supports(self) else None)
         # LoRA adapters in slots (`lora`): a step with any adapter member adds their deltas
         self.lora = LoraSlots(self.layers, max_loaded=max_loaded_loras, max_rank=max_lora_rank)
+        # set by the scheduler: give the step up at the next layer boundary (`StepPreempted`)
+        self.preempt = threading.Event()
 
     def release(self, seq: Sequence) -> None:
         """Give back the sequence's row of the int32 block tables."""
@@ -174,6 +177,7 @@ class PagedLlamaRunner(_SamplingRunner):
                 return h
             return self._forward_glued(plan, h, cos, sin, attn_out, lora)
         for li, layer in enumerate(self.layers):
+            self._check_preempt(li)
             a = layer.self_attn
             lo = None if lora is None else lora.layer(li)
             x = layer.input_layernorm(h)
@@ -190,6 +194,13 @@ class PagedLlamaRunner(_SamplingRunner):
             h.add_(self._mlp(layer.mlp, layer.post_attention_layernorm(h), lo))
         return h
 
+    def _check_preempt(self, li: int) -> None:
+        """A layer boundary (or, at ``len(layers)``, the end of the forward, before anything
+        is sampled): give the step up if the scheduler asked (`engine.base`). A fused decode
+        step (all layers in one C call) is asked only after its layers."""
+        if self.preempt.is_set():
+            raise StepPreempted(f"at layer {li}")
+
     def _forward_glued(self, plan: StepPlan, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        attn_out: torch.Tensor, lora: LoraStep | None = None) -> torch.Tensor:
         """`_forward` for a quantized step with the C glue: each residual add and the norm
@@ -202,6 +213,7 @@ class PagedLlamaRunner(_SamplingRunner):
                  and sum(int(g.ctx.sum()) for g in plan.decode) * nkv * d >= ATTENTION_PARALLEL_MIN)
         glue.add_rmsnorm(h, None, layers[0].input_layernorm, x)
         for li, layer in enumerate(layers):
+            self._check_preempt(li)
             a = layer.self_attn
             lo = None if lora is None else lora.layer(li)
             q, k, v = project_qkv(fam, a, x, nh, nkv, d, lo)
@@ -235,6 +247,7 @@ class PagedLlamaRunner(_SamplingRunner):
     def _run(self, plan: StepPlan, batch: list[tuple[Sequence, int]], outputs: list[SeqOutput],
              lora: LoraStep | None = None) -> list[SeqOutput]:
         h = self._forward(plan, lora)
+        self._check_preempt(len(self.layers))         # the last boundary: before any sampling
         owed = prompt_lp.owed_rows(batch, plan.last_rows)
         if owed:      # the prompt rows of sequences that asked for prompt logprobs
             prompt_lp.score_rows(owed, lambda a, b: self._logits(self.base.norm(h[a:b])))

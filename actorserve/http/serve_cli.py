@@ -135,6 +135,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-dir", default=None, metavar="DIR",
                    help="/start_profile's default output directory (a body's output_dir wins; without "
                         "either: SGLANG_TORCH_PROFILER_DIR, else /tmp)")
+    p.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
+                   help="the interpreter's thread switch interval (sys.setswitchinterval): how long "
+                        "the model step's thread may wait for the event loop to hand over the GIL "
+                        "(default: Python's, 0.005)")
     p.add_argument("--log-level", default="info")
 
 
@@ -230,11 +234,21 @@ def _reasoning_parser(name: str | None) -> str | None:
     return None if name is None else get_format(name).name     # aliases -> the parser's name
 
 
+def switch_interval(seconds: float | None) -> None:
+    """``--switch-interval``: the interpreter's (process-wide) thread switch interval."""
+    if seconds is None:
+        return
+    if not seconds > 0:
+        raise ValueError(f"--switch-interval must be > 0, got {seconds}")
+    sys.setswitchinterval(seconds)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(args)
+        switch_interval(getattr(args, "switch_interval", None))
     except ValueError as exc:
         print(f"actorserve serve: {exc}", file=sys.stderr)
         return 2

@@ -18,9 +18,14 @@ Event schema (docs/recording.md has the long form)::
     data   dict|None  extra: step members [[rid, n_tokens], ...], request kind, probe flag ...
 
 Events live in a bounded ring buffer (a `deque(maxlen=...)` of tuples: cheap on the hot
-path) and, when a path is given, are appended to a JSONL file. The file opens with one
-`{"header": ...}` line that holds the lifecycle definitions the run used, so replay can
-tell a history recorded under other definitions. Files rotate at `max_bytes` (`PATH`,
+path) and, when a path is given, are appended to a JSONL file.
+
+Ring entries are compact (`recorder_ring`: ``seq`` and ``ok`` derived, a message in 4 fields,
+prompts as 4-byte ints, a step's rows flat); `events`, live subscribers and the file see the
+same 12-field events as before, so what a recording proves is unchanged.
+
+The file opens with one `{"header": ...}` line that holds the lifecycle definitions the run
+used, so replay can tell a history recorded under other definitions. Files rotate at `max_bytes` (`PATH`,
 `PATH.1`, ...), each new file starting with its own header.
 
 *Fleet recordings.* A recorder made with ``replica="r0"`` names its replica in the header,
@@ -56,6 +61,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable
 
 from ..actors.clock import Clock, LoopClock
+from .recorder_ring import COMPACTED, compact as _compact, fields as _fields, plain as _plain, to_json_list as _list
 
 FIELDS = ("seq", "t_ns", "rid", "kind", "event", "src", "dst", "ok", "error", "cause", "defn", "data")
 _LINE = ('{"seq":%d,"t_ns":%d,"rid":%s,"kind":%s,"event":%s,"src":%s,"dst":%s,"ok":%s,"error":%s,'
@@ -71,12 +77,21 @@ def _js(v: Any) -> str:
         return "true"
     if v is False:
         return "false"
-    return json.dumps(v, separators=(",", ":"))
+    return json.dumps(v, separators=(",", ":"), default=_list)
+
+
+def _event(seq: int, t: tuple) -> "Event":
+    """The `Event` at `seq` whose ring entry is `t`, its prompt a list again."""
+    f = _fields(seq, t)
+    data = f[11]
+    if data is not None and not COMPACTED.isdisjoint(data):
+        f = (*f[:11], _plain(data))
+    return Event(*f)
 
 
 def to_line(ev: tuple) -> str:
-    """One event as its JSONL line: the same JSON as `json.dumps` of its dict, 3x faster (the
-    file sink's cost is on the event loop)."""
+    """One event's 12 fields, in `FIELDS` order, as its JSONL line: the same JSON as `json.dumps`
+    of its dict, 3x faster (the file sink's cost is on the event loop)."""
     return _LINE % (ev[0], ev[1], _js(ev[2]), _js(ev[3]), _js(ev[4]), _js(ev[5]), _js(ev[6]),
                     _js(ev[7]), _js(ev[8]), _js(ev[9]), _js(ev[10]), _js(ev[11]))
 
@@ -115,7 +130,7 @@ class FlightRecorder:
         self.clock: Clock = clock or LoopClock()
         self.replica = replica
         self.wall_clock = wall_clock
-        self.ring: deque[tuple] = deque(maxlen=capacity)
+        self.ring: deque[tuple] = deque(maxlen=capacity)   # entries: see `recorder_ring`
         self.seq = 0
         self.cause: int | None = None
         self.record_messages = record_messages
@@ -134,18 +149,22 @@ class FlightRecorder:
 
     # -- recording (hot path) ---------------------------------------------------------------------
     def _add(self, rid: str | None, kind: str, event: str, src: str | None, dst: str | None,
-             ok: bool, error: str | None, cause: int | None, defn: str | None,
+             error: str | None, cause: int | None, defn: str | None,
              data: dict[str, Any] | None) -> int:
         seq = self.seq = self.seq + 1
-        ev = (seq, self.clock.now_ns(), rid, kind, event, src, dst, ok, error, cause, defn, data)
-        self.ring.append(ev)
+        t = (self.clock.now_ns(), rid, kind, event, src, dst, error, cause, defn, data)
+        self.ring.append(t)
+        if self._file is not None or self._subscribers:
+            self._emit(seq, t)
+        return seq
+
+    def _emit(self, seq: int, t: tuple) -> None:
         if self._file is not None:
-            self._pending.append(ev)
+            self._pending.append((seq, t))
             if len(self._pending) >= self._flush_every:
                 self.flush()
         if self._subscribers:          # one falsy check when nobody listens
-            self._publish(ev)
-        return seq
+            self._publish(_event(seq, t))
 
     # -- live subscribers -------------------------------------------------------------------------
     def subscribe(self, callback: Callable[[Event], None]) -> Callable[[], None]:
@@ -157,8 +176,7 @@ class FlightRecorder:
 
         return unsubscribe
 
-    def _publish(self, ev: tuple) -> None:
-        event = Event(*ev)
+    def _publish(self, event: "Event") -> None:
         for cb in self._subscribers:
             try:
                 cb(event)
@@ -167,47 +185,49 @@ class FlightRecorder:
 
     def message(self, actor: str, message: Any) -> None:
         """A message is being handled by `actor`; what its handler does is caused by it."""
-        if self.record_messages:       # `_add` inlined: one event per message handled
-            seq = self.seq = self.seq + 1
-            ev = (seq, self.clock.now_ns(), getattr(message, "rid", None), "message", type(message).__name__,
-                  None, actor, True, None, None, None, None)
-            self.ring.append(ev)
-            if self._file is not None:
-                self._pending.append(ev)
-                if len(self._pending) >= self._flush_every:
-                    self.flush()
-            if self._subscribers:
-                self._publish(ev)
-            self.cause = seq
+        if self.record_messages:
+            seq = self.cause = self.seq = self.seq + 1
+            t = (self.clock.now_ns(), getattr(message, "rid", None), type(message).__name__, actor)
+            self.ring.append(t)
+            if self._file is not None or self._subscribers:
+                self._emit(seq, t)
 
     def transition(self, lc: Any, model: Any, event: str, src: Any, dst: Any,
                    error: str | None, cause: str | None = None) -> None:
         self._add(getattr(model, "rid", None), lc.name, event, src.name,
-                  dst.name if dst is not None else None, error is None, error, self.cause,
-                  lc.definition_hash, None)
+                  dst.name if dst is not None else None, error, self.cause, lc.definition_hash, None)
 
     def created(self, lc: Any, model: Any, data: dict[str, Any] | None = None) -> None:
         """A lifecycle instance came to be, in its initial state."""
-        self._add(getattr(model, "rid", None), lc.name, "create", None, model.state.name, True,
+        self._add(getattr(model, "rid", None), lc.name, "create", None, model.state.name,
                   None, self.cause, lc.definition_hash, data)
 
     def note(self, kind: str, event: str, *, rid: str | None = None,
              data: dict[str, Any] | None = None) -> int:
         """Anything else worth replaying (scheduler steps, client disconnects, arrivals)."""
-        return self._add(rid, kind, event, None, None, True, None, self.cause, None, data)
+        if data is not None and not COMPACTED.isdisjoint(data):
+            data = _compact(data)
+        return self._add(rid, kind, event, None, None, None, self.cause, None, data)
 
     def input(self, event: str, *, rid: str | None = None, data: dict[str, Any] | None = None) -> int:
         """Something entered the actors from outside (a client call, a model step coming back, a
         timer): re-execution feeds these back in, each at the point it was recorded."""
         self.cause = None
-        return self._add(rid, "input", event, None, None, True, None, None, None, data)
+        if data is not None and not COMPACTED.isdisjoint(data):
+            data = _compact(data)
+        return self._add(rid, "input", event, None, None, None, None, None, data)
 
     # -- reading ----------------------------------------------------------------------------------
     def events(self, *, rid: str | None = None, kind: str | None = None) -> list[Event]:
         out = []
+        seq = self.seq - len(self.ring)           # the seq before the ring's first entry
         for t in self.ring:
-            if (rid is None or t[2] == rid) and (kind is None or t[3] == kind):
-                out.append(Event(*t))
+            seq += 1
+            if rid is not None and t[1] != rid:
+                continue
+            if kind is not None and (t[2] if len(t) != 4 else "message") != kind:
+                continue
+            out.append(_event(seq, t))
         return out
 
     def __len__(self) -> int:
@@ -246,7 +266,7 @@ class FlightRecorder:
     def flush(self) -> None:
         if self._file is None or not self._pending:
             return
-        parts = [to_line(ev) for ev in self._pending]
+        parts = [to_line(_fields(seq, t)) for seq, t in self._pending]
         self._pending.clear()
         if self._written >= self.max_bytes:  # rotate lazily: the live file never ends empty
             self._rotate()

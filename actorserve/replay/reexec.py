@@ -33,6 +33,7 @@ from typing import Any, Iterable
 from .. import messages as M
 from ..actors.runtime import DuplicateRequestId, Runtime
 from ..config import SchedulerConfig
+from ..engine.base import StepPreempted
 from ..engine.batching import BatchConfig, BatchPolicy
 from ..engine.params import PoolingParams, SamplingParams
 from ..statemachines import LIFECYCLES
@@ -360,9 +361,14 @@ class _Driver:
             self._drifted(e)
             return
         target, fn, batch, wrap = held
-        if d.get("error"):
+        preemption = getattr(target, "preemption", None)
+        if d.get("preempted"):       # given up at a layer boundary: nothing computed counts
+            res, err = None, StepPreempted("recorded")
+        elif d.get("error"):
             res, err = None, RuntimeError(f"recorded failure: {d['error']}")
         else:
+            if preemption is not None:   # it ran to its end: an ask to give up came too late
+                preemption.flag.clear()
             res, err = fn(batch), None
         msg = wrap(res, err)
         if target.alive:
