@@ -16,6 +16,7 @@ from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 from waiting import until as until  # re-exported: the tests import it from here
+from actor_access import live_actors
 
 NAME = "tiny-llama"
 
@@ -65,7 +66,7 @@ async def settle(rt: Runtime, timeout: float = 10.0) -> None:
     """Wait until no request is live and no KV block is used."""
     def settled() -> bool:
         st = rt.stats()
-        return st.live_requests == 0 and st.kv_used_blocks == 0 and not rt.live_actors()
+        return st.live_requests == 0 and st.kv_used_blocks == 0 and not live_actors(rt)
     await until(settled, timeout, poll=0.02, what=lambda: f"runtime did not settle: {rt.stats()}")
 
 

@@ -9,6 +9,7 @@ from actorserve.engine.batching import BatchConfig
 from actorserve.engine.fake import FakeEngine
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
+from actor_access import actor_of, live_actors
 
 
 async def make_runtime(*, in_thread: bool = False, batch: BatchConfig | None = None, **engine_kw):
@@ -26,13 +27,13 @@ def assert_nothing_held(rt: Runtime) -> None:
     st = rt.stats()
     assert (st.waiting, st.running, st.live_requests, st.step_in_flight) == (0, 0, 0, False), st
     assert st.kv_used_blocks == 0, st
-    rt.scheduler.bm.check()
-    assert rt.live_actors() == []
+    actor_of(rt, "scheduler").bm.check()
+    assert live_actors(rt) == []
     for actor in rt.system.actors.values():
         assert actor.statistics().current_size == 0, actor
-    assert not rt.scheduler.inflight and not rt.scheduler._free_after_step
-    assert rt.scheduler.state.name in ("idle", "paused_abort", "paused_retract", "paused_in_place"), \
-        rt.scheduler.state
-    assert rt.stage.tracked == {}, rt.stage.tracked       # the output stage let go of every request
-    assert rt.control_actor.open == {}, rt.control_actor.open
+    assert not actor_of(rt, "scheduler").inflight and not actor_of(rt, "scheduler")._free_after_step
+    assert actor_of(rt, "scheduler").state.name in ("idle", "paused_abort", "paused_retract", "paused_in_place"), \
+        actor_of(rt, "scheduler").state
+    assert actor_of(rt, "output").tracked == {}, actor_of(rt, "output").tracked       # the output stage let go of every request
+    assert actor_of(rt, "control").open == {}, actor_of(rt, "control").open
     assert rt.system.busy == 0

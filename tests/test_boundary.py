@@ -38,7 +38,7 @@ PKG = Path(actorserve.__file__).parent
 SURFACE = {"runtime", "surface", "clock", "rest"}
 #: what the HTTP layer may import from `actors/`
 HTTP_SURFACE = {"runtime", "surface", "rest"}
-#: a runtime attribute that is an actor object (kept for tests and set-up only)
+#: the names a runtime attribute that is an actor object had (gone: tests use `actor_access`)
 ACTOR_ATTRS = {"scheduler", "control_actor", "stage", "sessions", "responses", "watchdog",
                "pool_schedulers", "live_actors"}
 
@@ -206,6 +206,34 @@ async def test_reads_are_published_snapshots_between_turns() -> None:
     await h.stream.final()
     await rt.quiesce()
     assert rt.request_info(h.rid) is None
+    await rt.shutdown()
+
+
+async def test_the_runtime_holds_no_actor_object() -> None:
+    """Once begun, no attribute of the runtime is an actor (or holds one): it has their refs and
+    reads what they publish; tests reach an actor's insides through `actor_access` only."""
+    from actorserve.actors.runtime import Runtime
+    from actorserve.config import SchedulerConfig
+    from actorserve.engine.fake import FakeEngine
+    rt = Runtime(FakeEngine(), config=SchedulerConfig(step_in_thread=False, watchdog_timeout_s=5.0),
+                 pooling_engines={"embed": FakeEngine()})
+    await rt.start()
+    for cls in type(rt).__mro__:
+        for name in vars(cls):
+            assert name not in ACTOR_ATTRS, name
+
+    def actors_in(value: object, depth: int = 0) -> bool:
+        if isinstance(value, Actor):
+            return True
+        if depth < 2 and isinstance(value, dict):
+            return any(actors_in(v, depth + 1) for v in value.values())
+        if depth < 2 and isinstance(value, (list, tuple, set)):
+            return any(actors_in(v, depth + 1) for v in value)
+        return False
+    held = [name for name, value in vars(rt).items() if actors_in(value)]
+    assert held == [], held
+    assert all(isinstance(getattr(rt, n), ActorRef) for n in ("sched_ref", "control_ref", "stage_ref",
+                                                               "sessions_ref", "responses_ref", "watchdog_ref"))
     await rt.shutdown()
 
 

@@ -21,6 +21,7 @@ from actorserve.statemachines import LIFECYCLES
 
 import waiting
 from runtime_helpers import assert_nothing_held
+from actor_access import actor_of
 
 
 async def make(*, in_thread=False, watchdog=None, **engine_kw):
@@ -48,7 +49,7 @@ async def test_watchdog_marks_and_clears_unhealthy():
             gate.wait(10)
 
     rt, engine, rec, clock = await make(in_thread=True, watchdog=5.0, fault=fault)
-    wd = rt.watchdog
+    wd = actor_of(rt, "watchdog")
     assert wd is not None and wd.interval == 1.25
     for _ in range(40):                       # idle for 50 virtual seconds: nothing is pending
         clock.advance(1.25)
@@ -101,12 +102,12 @@ async def test_a_server_can_be_paused_and_unhealthy_at_once():
     h = rt.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
     assert await asyncio.to_thread(started.wait, 10)
     pause = asyncio.ensure_future(rt.control(PauseGeneration("in_place")))   # waits for the step
-    wd = rt.watchdog
+    wd = actor_of(rt, "watchdog")
     for _ in range(8):
         clock.advance(0.25)                   # each tick asked and answered before the next
         await until(lambda: not wd.asking and wd.mailbox.statistics().current_size == 0)
     await until(lambda: rt.snapshot().health == "unhealthy")
-    assert not pause.done() and rt.scheduler.state.name == "pausing"
+    assert not pause.done() and actor_of(rt, "scheduler").state.name == "pausing"
     stall["on"] = False
     gate.set()
     assert (await pause).ok
@@ -174,7 +175,7 @@ async def test_three_turn_session_reuses_kv_and_records_its_lifecycle():
     await rt.quiesce()
     evs = [(e.event, e.dst) for e in rec.events(rid="session:s1", kind="session")]
     assert evs == [("create", "open"), ("close", "closed")]
-    ops = [r.op for r in rt.control_actor.history]
+    ops = [r.op for r in actor_of(rt, "control").history]
     assert ops.count("open_session") == 2 and ops[-1] == "close_session"
     assert check(rec.events()).ok
     assert_nothing_held(rt)
@@ -222,11 +223,11 @@ async def test_close_is_deferred_while_a_request_of_the_session_runs():
     assert closing.ok and closing.detail == {"state": "closing", "running": ["r1"]}
     again = await rt.session(SessionBegin("s", "r2", (4,)))
     assert not again.ok and "closing" in again.message
-    assert rt.sessions.sessions["s"].state.name == "closing"
+    assert actor_of(rt, "sessions").sessions["s"].state.name == "closing"
     await rt.control(ContinueGeneration())
     assert (await h.stream.final()).finish_reason == "length"
     await rt.quiesce()
-    assert "s" not in rt.sessions.sessions
+    assert "s" not in actor_of(rt, "sessions").sessions
     evs = [(e.event, e.dst) for e in rec.events(rid="session:s", kind="session")]
     assert evs == [("create", "open"), ("defer_close", "closing"), ("close", "closed")]
     assert not (await rt.control(CloseSession("s"))).ok                 # unknown now
@@ -243,13 +244,13 @@ async def test_idle_sessions_are_reaped_after_their_timeout():
     await turn(rt, "busy", "r1", [1, 2, 3])       # activity at t=5 moves its deadline to t=15
     clock.advance(5.5)
     await rt.quiesce()
-    assert set(rt.sessions.sessions) == {"busy", "forever"}
+    assert set(actor_of(rt, "sessions").sessions) == {"busy", "forever"}
     clock.advance(4)
     await rt.quiesce()
-    assert set(rt.sessions.sessions) == {"busy", "forever"}
+    assert set(actor_of(rt, "sessions").sessions) == {"busy", "forever"}
     clock.advance(1)
     await rt.quiesce()
-    assert set(rt.sessions.sessions) == {"forever"}
+    assert set(actor_of(rt, "sessions").sessions) == {"forever"}
     evs = [(e.event, e.dst) for e in rec.events(rid="session:idle", kind="session")]
     assert evs == [("create", "open"), ("expire", "closed")]
     res = await rt.session(SessionBegin("idle", "r2", (1,)))

@@ -17,6 +17,7 @@ from actorserve.statemachines import LIFECYCLES
 
 import waiting
 from http_support import load_tiny
+from actor_access import actor_of, live_actors
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
 
@@ -47,8 +48,8 @@ async def settled(rt: Runtime) -> None:
     await until(lambda: rt.stats().live_requests == 0 and not rt.stats().step_in_flight)
     await rt.quiesce()
     st = rt.stats()
-    assert st.kv_used_blocks == 0 and st.waiting == 0 and st.running == 0 and rt.live_actors() == []
-    rt.scheduler.bm.check()
+    assert st.kv_used_blocks == 0 and st.waiting == 0 and st.running == 0 and live_actors(rt) == []
+    actor_of(rt, "scheduler").bm.check()
 
 
 @pytest.mark.parametrize("mode", ["in_place", "retract"])

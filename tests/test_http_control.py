@@ -19,6 +19,7 @@ from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 
 from http_support import NAME, assert_error, load_tiny, settle, until
+from actor_access import actor_of, live_actors
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,7 @@ async def test_health_generate_answers_while_a_long_prefill_runs(tiny):
             "input_ids": [5 + i % 200 for i in range(900)],
             "sampling_params": {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}}))
         def in_prefill():
-            actors = [a for a in rt.live_actors() if not a.is_probe]
+            actors = [a for a in live_actors(rt) if not a.is_probe]
             return actors[0] if actors and actors[0].state.name == "prefill" else None
         long_actor = await until(in_prefill, what="the long request in prefill")
         r = await http.get("/health_generate")
@@ -103,9 +104,9 @@ async def test_health_generate_is_503_when_the_model_step_stalls(tiny):
         assert r.status == 503
         body = await r.json()
         assert body["status"] == "unavailable" and "did not complete" in body["reason"]
-        assert not any(a.is_probe for a in rt.live_actors()), "a timed-out probe is aborted"
-        await until(lambda: not rt.control_actor.open)    # HealthDone reaches the control actor in a turn
-        last = rt.control_actor.history[-1]
+        assert not any(a.is_probe for a in live_actors(rt)), "a timed-out probe is aborted"
+        await until(lambda: not actor_of(rt, "control").open)    # HealthDone reaches the control actor in a turn
+        last = actor_of(rt, "control").history[-1]
         assert last.op == "health_generate" and last.state.name == "rejected"
         assert "did not complete" in last.result.message
         assert (await http.get("/health")).status == 200           # /health stays shallow
@@ -260,13 +261,13 @@ async def test_health_checks_are_control_records_and_embedding_engines_probe_by_
             probes = {e.rid for e in rec.events(kind="pooling") if e.rid.startswith("health-probe-")}
             assert len(probes) == 1
             assert not any(e.rid.startswith("health-probe-") for e in rec.events(kind="generation"))
-            recs = [r for r in rt.control_actor.history if r.op == "health_generate"]
+            recs = [r for r in actor_of(rt, "control").history if r.op == "health_generate"]
             assert [r.state.name for r in recs] == ["applied", "applied"]
             paths = [[e.event for e in rec.events(rid=r.rid, kind="control")] for r in recs]
             assert paths == [["create", "wait", "apply"], ["create", "apply"]]
             await rt.control(ServerEvent("drain", "test"))
             r = await http.get("/health_generate")
             assert r.status == 503 and "draining" in (await r.json())["reason"]
-            assert rt.control_actor.history[-1].state.name == "rejected"
+            assert actor_of(rt, "control").history[-1].state.name == "rejected"
             report = check(rec.events())
             assert report.ok, report

@@ -25,6 +25,7 @@ from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 
 from http_support import NAME, assert_error, load_tiny, settle
+from actor_access import actor_of
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTERS = {"a1": dict(r=8, lora_alpha=16, target_modules=ALL),
@@ -299,7 +300,7 @@ async def test_adapters_compose_with_n_structured_output_tools_sessions_response
         alone = (await (await http.post("/generate", json=long)).json())["output_ids"]
         running = asyncio.ensure_future(http.post("/generate", json=long))
         from waiting import until
-        await until(lambda: any(len(s.output_ids) >= 2 for s in rt.scheduler.seqs.values()), timeout=30,
+        await until(lambda: any(len(s.output_ids) >= 2 for s in actor_of(rt, "scheduler").seqs.values()), timeout=30,
                     poll=0.001)
         r = await http.post("/pause_generation", json={"mode": "retract"})
         assert r.status == 200, await r.text()
@@ -307,7 +308,7 @@ async def test_adapters_compose_with_n_structured_output_tools_sessions_response
         body = await (await running).json()
         assert body["output_ids"] == alone and body["meta_info"]["finish_reason"]["type"] == "length"
         await settle(rt)
-        assert not rt.scheduler.lora_slots.holders("a2") and not rt.scheduler.lora_slots.holders("a1")
+        assert not actor_of(rt, "scheduler").lora_slots.holders("a2") and not actor_of(rt, "scheduler").lora_slots.holders("a1")
 
 
 async def test_an_adapter_gone_after_the_route_checked_it_is_a_404_not_a_500(world, monkeypatch):
@@ -344,7 +345,7 @@ async def test_models_route_answers_an_adapter_only_while_it_is_ready(world):
         held = asyncio.ensure_future(http.post("/generate", json={           # queued: holds a1
             "input_ids": PROMPT, "lora_path": "a1", "sampling_params": {"max_new_tokens": 2}}))
         from waiting import until
-        await until(lambda: rt.scheduler.seqs)
+        await until(lambda: actor_of(rt, "scheduler").seqs)
         unload = asyncio.ensure_future(http.post("/unload_lora_adapter", json={"lora_name": "a1"}))
         await until(lambda: rt.lora_state("a1") == "unloading")
         r = await http.get("/v1/models/a1")

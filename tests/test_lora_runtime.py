@@ -18,6 +18,7 @@ from actorserve.replay.check import check
 
 from runtime_helpers import assert_nothing_held, make_runtime
 from waiting import until
+from actor_access import actor_of
 
 
 def adapter(tmp_path, name: str) -> str:
@@ -195,7 +196,7 @@ async def test_lru_eviction_keeps_pinned_and_held_adapters(tmp_path):
     await rt.quiesce()
     assert (await rt.control(LoadLoraAdapter("c", adapter(tmp_path, "c")))).ok   # b is free now
     assert sorted(refs_of(engine)) == ["c", "p"]
-    assert rt.scheduler.lora_events["evicted"] == 2
+    assert actor_of(rt, "scheduler").lora_events["evicted"] == 2
     await rt.quiesce()
     assert_nothing_held(rt)
     await rt.shutdown()
@@ -206,10 +207,10 @@ async def test_a_load_that_fails_on_a_full_server_evicts_nothing(tmp_path):
     assert (await rt.control(LoadLoraAdapter("a", adapter(tmp_path, "a")))).ok
     res = await rt.control(LoadLoraAdapter("bad", str(tmp_path / "no-such-folder")))
     assert not res.ok and "no readable" in res.message
-    assert list(refs_of(engine)) == ["a"] and rt.scheduler.lora_events["evicted"] == 0     # a still serves
+    assert list(refs_of(engine)) == ["a"] and actor_of(rt, "scheduler").lora_events["evicted"] == 0     # a still serves
     assert (await rt.generate([1], SamplingParams(max_new_tokens=1), lora="a").stream.final()).finish_reason == "length"
     assert (await rt.control(LoadLoraAdapter("b", adapter(tmp_path, "b")))).ok      # a good one evicts a
-    assert list(refs_of(engine)) == ["b"] and rt.scheduler.lora_events["evicted"] == 1
+    assert list(refs_of(engine)) == ["b"] and actor_of(rt, "scheduler").lora_events["evicted"] == 1
     await rt.quiesce()
     assert check(rec.events()).ok
     await rt.shutdown()

@@ -19,6 +19,7 @@ from actorserve.replay.check import check
 from http_support import assert_error, load_tiny, settle
 from waiting import until
 from test_http_control import Stall, serve
+from actor_access import actor_of
 
 PROMPT = [5 + (i * 7) % 150 for i in range(40)]       # > two blocks of 16: a prefix-cache hit
 
@@ -71,9 +72,9 @@ def _memory_events(rec, tag):
 
 async def _steps_stay(rt, rec, pending):
     """Nothing moves: every actor idle, no step ran, the request still waits."""
-    steps = rt.scheduler.steps_done
+    steps = actor_of(rt, "scheduler").steps_done
     await rt.quiesce()
-    assert rt.scheduler.steps_done == steps and not pending.done()
+    assert actor_of(rt, "scheduler").steps_done == steps and not pending.done()
 
 
 async def test_release_frees_everything_queues_requests_and_resume_restores_the_outputs(tiny):
@@ -99,7 +100,7 @@ async def test_release_frees_everything_queues_requests_and_resume_restores_the_
         assert_error(await r.json())
         # a request sent now queues and nothing steps; a health probe answers without stepping
         pending = asyncio.ensure_future(_ids(http))
-        await until(lambda: rt.scheduler.seqs)
+        await until(lambda: actor_of(rt, "scheduler").seqs)
         await _steps_stay(rt, rec, pending)
         assert (await http.get("/health_generate")).status == 200
         body = await _post(http, "/resume_memory_occupation", {"tags": None})       # null: all
@@ -126,7 +127,7 @@ async def test_release_is_refused_while_a_request_holds_kv_and_allowed_after_a_r
         a = asyncio.ensure_future(_ids(http, max_new=4))
         assert await asyncio.to_thread(stall.started.wait, 10)        # its first step is held
         pause = asyncio.ensure_future(http.post("/pause_generation", json={"mode": "in_place"}))
-        await until(lambda: rt.scheduler.state.name == "pausing")
+        await until(lambda: actor_of(rt, "scheduler").state.name == "pausing")
         stall.release()
         assert (await pause).status == 200
         body = await _post(http, "/release_memory_occupation", {}, status=400)
@@ -141,7 +142,7 @@ async def test_release_is_refused_while_a_request_holds_kv_and_allowed_after_a_r
         b = asyncio.ensure_future(_ids(http, max_new=4))
         assert await asyncio.to_thread(stall.started.wait, 10)
         pause = asyncio.ensure_future(http.post("/pause_generation", json={"mode": "retract"}))
-        await until(lambda: rt.scheduler.state.name == "pausing")
+        await until(lambda: actor_of(rt, "scheduler").state.name == "pausing")
         stall.release()
         assert (await pause).status == 200
         await _post(http, "/release_memory_occupation", {})
@@ -171,7 +172,7 @@ async def test_bad_tags_and_bodies_are_400s(tiny):
             assert (await r.json())["error"]["param"] in ("level", "mode")
         r = await http.post("/wake_up", params={"tags": "gpu"})
         assert r.status == 400 and (await r.json())["error"]["param"] == "tags"
-        assert mr.memory_bytes(rt.engine)["weights"] > 0 and not rt.control_actor.memory_out
+        assert mr.memory_bytes(rt.engine)["weights"] > 0 and not actor_of(rt, "control").memory_out
         # only the KV cache released: the weights can still be read
         await _post(http, "/release_memory_occupation", {"tags": ["kv_cache"]})
         r = await http.post("/get_weights_by_name", json={"name": "model.norm.weight", "truncate_size": 2})
@@ -189,7 +190,7 @@ async def test_vllm_sleep_and_wake_up(tiny):
         assert await (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
         assert (await (await http.get("/is_paused")).json())["is_paused"] is True
         pending = asyncio.ensure_future(_ids(http))
-        await until(lambda: rt.scheduler.seqs)
+        await until(lambda: actor_of(rt, "scheduler").seqs)
         assert (await http.post("/wake_up", params={"tags": "weights"})).status == 200
         assert await (await http.get("/is_sleeping")).json() == {"is_sleeping": True}    # the KV still out
         assert mr.memory_bytes(rt.engine)["kv_cache"] == 0 and mr.memory_bytes(rt.engine)["weights"] > 0
@@ -202,7 +203,7 @@ async def test_vllm_sleep_and_wake_up(tiny):
         r = await http.post("/sleep", params={"level": "2"})
         assert r.status == 200
         _assert_nothing_held(rt)
-        assert rt.control_actor.memory_snapshot() == {"kv_cache": "released", "weights": "discarded"}
+        assert actor_of(rt, "control").memory_snapshot() == {"kv_cache": "released", "weights": "discarded"}
         assert (await http.post("/wake_up")).status == 200
         assert (await _ids(http))[0] == before
         await settle(rt)
@@ -218,7 +219,7 @@ async def test_vllm_sleep_aborts_a_running_request_first(tiny):
         a = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=50)))
         assert await asyncio.to_thread(stall.started.wait, 10)
         sleep = asyncio.ensure_future(http.post("/sleep"))               # mode=abort, level 1
-        await until(lambda: rt.scheduler.state.name == "pausing")
+        await until(lambda: actor_of(rt, "scheduler").state.name == "pausing")
         stall.release()
         assert (await sleep).status == 200
         body = await (await a).json()
@@ -276,7 +277,7 @@ async def test_the_spill_is_a_private_safetensors_file_and_a_failed_spill_frees_
         held = mr.memory_bytes(rt.engine)["weights"]
         packed = mr._packed_bytes(rt.engine.model)       # oneDNN's layout: packed again at the resume
         await _post(http, "/release_memory_occupation", {"tags": ["weights"]})
-        spill = rt.scheduler._weights_held.spill
+        spill = actor_of(rt, "scheduler")._weights_held.spill
         assert spill is not None and not os.path.exists(spill.name if isinstance(spill.name, str) else "")
         fd = spill.fileno()
         (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
@@ -286,7 +287,7 @@ async def test_the_spill_is_a_private_safetensors_file_and_a_failed_spill_frees_
         assert sum(v["shape"][0] for v in entries.values()) == held - packed    # every other byte
         assert os.fstat(fd).st_size == 8 + n + held - packed
         await _post(http, "/resume_memory_occupation", {"tags": ["weights"]})
-        assert rt.scheduler._weights_held is None and spill.closed
+        assert actor_of(rt, "scheduler")._weights_held is None and spill.closed
         # a spill that cannot be written: nothing is freed, the weights serve on
         def full(*a, **k):
             raise OSError(28, "No space left on device")
@@ -312,7 +313,7 @@ async def test_a_failed_wake_keeps_the_weights_discarded_and_can_be_retried(tiny
         r = await http.post("/wake_up")
         body = await r.json()
         assert r.status == 400 and "/no/such/model" in body["error"]["message"], body
-        assert rt.control_actor.memory_snapshot() == {"kv_cache": "resident", "weights": "discarded"}
+        assert actor_of(rt, "control").memory_snapshot() == {"kv_cache": "resident", "weights": "discarded"}
         assert mr.memory_bytes(rt.engine)["weights"] == 0
         assert await (await http.get("/is_sleeping")).json() == {"is_sleeping": True}
         del extra["model_path"]                       # the folder the model was loaded from

@@ -16,6 +16,7 @@ from actorserve.http.metric_names import BY_KEY, TABLE, exported
 from actorserve.messages import ContinueGeneration, PauseGeneration
 from http_support import NAME, load_tiny, serve, settle, until
 from runtime_helpers import assert_nothing_held, make_runtime
+from actor_access import actor_of
 
 # Copied from vLLM's sources (name -> type). vllm/v1/metrics/loggers.py, PrometheusStatLogger, at
 # commit 005a810bc40faa25b8870fbc8559c3462581eee3, and docs/design/metrics.md ("v1 Metrics") at
@@ -118,7 +119,7 @@ class Steps:
 
     def __init__(self, rt, clock) -> None:
         self.rt, self.clock, self.held = rt, clock, []
-        rt.scheduler.runner = lambda target, fn, batch, *, wrap: self.held.append((target, fn, batch, wrap))
+        actor_of(rt, "scheduler").runner = lambda target, fn, batch, *, wrap: self.held.append((target, fn, batch, wrap))
 
     async def run(self, dt: float) -> None:
         await self.rt.quiesce()

@@ -10,6 +10,7 @@ from actorserve.engine.params import PoolingParams, SamplingParams
 from actorserve.messages import AbortRequest, ContinueGeneration, FlushCache, PauseGeneration
 
 from runtime_helpers import assert_nothing_held, make_runtime
+from actor_access import actor_of
 
 
 def steps_with(engine: FakeEngine, rid: str) -> list[int]:
@@ -109,13 +110,13 @@ async def test_a_control_that_fails_in_the_scheduler_ends_rejected_after_many_co
         assert (await rt.control(ContinueGeneration())).ok
     def broken() -> int:
         raise RuntimeError("disk on fire")
-    rt.scheduler.bm.flush = broken
+    actor_of(rt, "scheduler").bm.flush = broken
     res = await rt.control(FlushCache())
     await rt.quiesce()
     assert not res.ok and "disk on fire" in res.message
     last = [e for e in rec.events(kind="control") if e.event == "create"][-1]
     assert [e.dst for e in rec.events(rid=last.rid, kind="control")] == ["received", "rejected"]
-    assert rt.control_actor.open == {}
+    assert actor_of(rt, "control").open == {}
     await rt.shutdown()
 
 

@@ -22,6 +22,7 @@ from actorserve.replay.reexec import reexecute
 from actorserve.statemachines import LIFECYCLES
 
 from runtime_helpers import assert_nothing_held
+from actor_access import actor_of
 
 PRIO = dict(scheduling_policy="priority", max_num_seqs=8)
 WANT = {"lo1": ([1, 2, 3], 5, 4), "lo2": ([4, 5, 6], 5, 4), "hi": ([7, 8, 9], 0, 2)}
@@ -33,7 +34,7 @@ class Held:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt, self.steps = rt, []
-        rt.scheduler.runner = lambda target, fn, batch, *, wrap: self.steps.append((target, fn, batch, wrap))
+        actor_of(rt, "scheduler").runner = lambda target, fn, batch, *, wrap: self.steps.append((target, fn, batch, wrap))
 
     async def release(self) -> list[tuple[str, int]]:
         await self.rt.quiesce()
@@ -129,7 +130,7 @@ async def test_a_request_that_comes_too_late_leaves_the_step_whole():
     held = Held(rt)
     lo = rt.generate([1, 2, 3], sp(2), rid="lo", priority=5)
     await rt.quiesce()
-    lo_seq = rt.scheduler.seqs["lo"]
+    lo_seq = actor_of(rt, "scheduler").seqs["lo"]
     hi = rt.generate([7, 8], sp(1), rid="hi", priority=0)
     await rt.quiesce()
     assert engine.preempt.is_set()

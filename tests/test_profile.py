@@ -13,6 +13,7 @@ from openai import AsyncOpenAI
 from actorserve.http.profile_routes import ALREADY, NOT_RUNNING, TORCH_PID
 from actorserve.http.state import CTX
 from http_support import NAME, assert_error, load_tiny, serve, settle, until
+from actor_access import actor_of
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +139,7 @@ async def test_start_step_and_num_steps_as_strings_record_exactly_that_window(ti
     """bench_serving --profile-start-step 2 --profile-steps 3 sends both as strings."""
     async with serve(tiny, profile_dir=str(tmp_path)) as (http, rt):
         ctx = http.server.app[CTX]
-        first = rt.scheduler.step_id + 1                # the first step after the start
+        first = actor_of(rt, "scheduler").step_id + 1                # the first step after the start
         r = await http.post("/start_profile", json={"start_step": "2", "num_steps": "3", "profile_id": "w",
                                                      "activities": ["CPU", "GPU"]})
         assert r.status == 200, await r.text()

@@ -17,6 +17,7 @@ from actorserve.replay.recorder import read_recording
 from actorserve.replay.reexec import reexecute
 
 from http_support import NAME, assert_error, load_tiny, serve, settle
+from actor_access import actor_of
 
 BLOCK = 16
 
@@ -39,7 +40,7 @@ async def serving(tiny, **kw):
 
 
 def node(rt, session_id: str, rid: str):
-    return rt.sessions.sessions[session_id].nodes[rid]
+    return actor_of(rt, "sessions").sessions[session_id].nodes[rid]
 
 
 def cached_after(prompt: int, output: int) -> int:
@@ -186,16 +187,16 @@ async def test_delete_and_store_false(tiny):
         assert err.value.body["param"] == "previous_response_id"
         assert err.value.body["code"] == "previous_response_not_found"
         await settle(rt)
-        assert r.id not in rt.sessions.sessions                  # its session went with it
+        assert r.id not in actor_of(rt, "sessions").sessions                  # its session went with it
         # store: false keeps nothing, opens no session, but may continue a stored parent
         parent = await oa.responses.create(model=NAME, input="stored", max_output_tokens=4, temperature=0)
-        sessions = set(rt.sessions.sessions)
+        sessions = set(actor_of(rt, "sessions").sessions)
         loose = await oa.responses.create(model=NAME, input="not stored", store=False, max_output_tokens=4)
         with pytest.raises(openai.NotFoundError):
             await oa.responses.retrieve(loose.id)
         child = await oa.responses.create(model=NAME, input="next", store=False, max_output_tokens=4,
                                           previous_response_id=parent.id, temperature=0)
-        assert set(rt.sessions.sessions) == sessions
+        assert set(actor_of(rt, "sessions").sessions) == sessions
         assert child.usage.input_tokens_details.cached_tokens == cached_after(parent.usage.input_tokens, 4)
         await settle(rt)
 
@@ -210,8 +211,8 @@ async def test_the_store_is_bounded_and_its_lifecycle_recorded(tiny, tmp_path):
             assert (await oa.responses.retrieve(r.id)).id == r.id
         await oa.responses.delete(rs[1].id)
         await settle(rt)
-        assert rt.responses.describe()["evicted"] == 1 and rt.responses.describe()["deleted"] == 1
-        assert set(rt.sessions.sessions) == {rs[2].id}
+        assert actor_of(rt, "responses").describe()["evicted"] == 1 and actor_of(rt, "responses").describe()["deleted"] == 1
+        assert set(actor_of(rt, "sessions").sessions) == {rs[2].id}
     _, events = read_recording(path)
     hist = {}
     for e in events:
@@ -248,7 +249,7 @@ async def test_new_instructions_start_a_session_of_their_own(tiny):
                                        max_output_tokens=4, temperature=0)
         # instructions are not carried over: the system message changed, so the conversation
         # no longer extends the parent's tokens
-        assert r2.id in rt.sessions.sessions and r2.id not in rt.sessions.sessions[r1.id].nodes
+        assert r2.id in actor_of(rt, "sessions").sessions and r2.id not in actor_of(rt, "sessions").sessions[r1.id].nodes
         whole = tiny[2].apply_chat_template([
             {"role": "system", "content": "B"}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": r1.output_text}, {"role": "user", "content": "Again"}])
@@ -336,7 +337,7 @@ async def test_bad_requests_are_400s_naming_the_field(tiny, body, param):
         err = await r.json()
         assert_error(err)
         assert err["error"]["param"] == param
-        assert rt.responses.describe()["stored"] == 0
+        assert actor_of(rt, "responses").describe()["stored"] == 0
         ok = await http.post("/v1/responses", json={"input": "still serving", "max_output_tokens": 1})
         assert ok.status == 200
 
@@ -360,7 +361,7 @@ async def test_a_store_of_none_refuses_store_true_and_serves_store_false(tiny):
             await oa.responses.create(model=NAME, input="x", max_output_tokens=1)
         assert err.value.body["code"] == "store_disabled" and err.value.body["param"] == "store"
         r = await oa.responses.create(model=NAME, input="x", max_output_tokens=1, store=False)
-        assert r.status == "incomplete" and not rt.sessions.sessions
+        assert r.status == "incomplete" and not actor_of(rt, "sessions").sessions
         await settle(rt)
 
 

@@ -35,6 +35,7 @@ from actorserve.replay.reexec import reexecute
 from actorserve.statemachines import LIFECYCLES
 
 from http_support import NAME, load_tiny, settle, until
+from actor_access import actor_of, live_actors
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ async def serving(tok, *, record_path=None, replica_id=None, responses_store=100
 
 
 def state(rt, rid: str) -> str:
-    entry = rt.responses.entries.get(rid)
+    entry = actor_of(rt, "responses").entries.get(rid)
     return entry.state.name if entry is not None else "gone"
 
 
@@ -126,7 +127,7 @@ async def test_cancel_aborts_a_running_background_response(tok):
         assert (await oa.responses.retrieve(r.id)).status == "cancelled"
         again = await oa.responses.cancel(r.id)              # idempotent: the final object again
         assert again.model_dump() == cancelled.model_dump()
-        aborts = [c for c in rt.control_actor.history if c.op == "abort_request"]
+        aborts = [c for c in actor_of(rt, "control").history if c.op == "abort_request"]
         assert [c.result.detail["aborted"] for c in aborts] == [1]       # one abort, through control
         gate.open.set()
         await settle(rt)                      # the held step ends: its KV is freed (none used)
@@ -134,7 +135,7 @@ async def test_cancel_aborts_a_running_background_response(tok):
             await oa.responses.create(model=NAME, input="x", previous_response_id=r.id)
         assert exc.value.body["param"] == "previous_response_id"
         await oa.responses.delete(r.id)
-        assert set(rt.sessions.sessions) == set()            # its session closed with it
+        assert set(actor_of(rt, "sessions").sessions) == set()            # its session closed with it
 
 
 async def test_cancel_a_queued_one_and_the_answers_cancel_gives(tok):
@@ -241,7 +242,7 @@ async def test_shutdown_ends_a_running_background_response(tok):
         assert list(runs.tasks) == [r.id]
         gate.open.set()
     # the app's cleanup shut the runtime down (aborting the request) and awaited its reader
-    assert not rt.live_actors() and not runs.tasks
+    assert not live_actors(rt) and not runs.tasks
     assert rt.request_info(r.id) is None
 
 

@@ -10,6 +10,7 @@ import pytest
 from actorserve.actors.rest import RestTrimmer
 
 from http_support import load_tiny, serve, settle
+from actor_access import actor_of
 
 
 class FakeScheduler:
@@ -42,7 +43,7 @@ async def test_trims_once_per_quiet_burst_and_never_while_busy():
 async def test_trims_on_the_step_thread_of_a_real_runtime():
     threads = []
     async with serve(load_tiny()) as (http, rt):
-        t = RestTrimmer(rt.scheduler, rt.system, interval=1.0,
+        t = RestTrimmer(actor_of(rt, "scheduler"), rt.system, interval=1.0,
                         trim=lambda: threads.append(threading.current_thread().name) or True)
         assert not await t.check()
         r = await http.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4}})

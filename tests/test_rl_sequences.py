@@ -17,6 +17,7 @@ from http_support import load_tiny, serve, settle
 from test_http_control import Stall
 from test_weights import _safetensors_b64, folders  # noqa: F401  (the fixture)
 from waiting import until
+from actor_access import actor_of
 
 PROMPTS = [[5 + (7 * i + j) % 300 for j in range(12 + 3 * i)] for i in range(4)]
 
@@ -55,14 +56,14 @@ async def test_areal_disk_update_sequence_resumes_each_rollout_under_the_new_wei
         rollouts = [asyncio.ensure_future(areal_generate(http, p, 40, segments[i])) for i, p in enumerate(PROMPTS)]
 
         def all_started() -> bool:              # every rollout has tokens out: then hold a step
-            seqs = list(rt.scheduler.seqs.values())
+            seqs = list(actor_of(rt, "scheduler").seqs.values())
             if len(seqs) == len(PROMPTS) and all(len(s.output_ids) >= 2 for s in seqs):
                 stall.armed = True
             return stall.armed
         await until(all_started, timeout=60, poll=0.002)
         assert await asyncio.to_thread(stall.started.wait, 30)
         pause = asyncio.ensure_future(http.post("/pause_generation"))      # AReaL sends no body
-        await until(lambda: rt.scheduler.state.name != "running", timeout=30)
+        await until(lambda: actor_of(rt, "scheduler").state.name != "running", timeout=30)
         stall.release()
         r = await pause
         assert r.status == 200, await r.text()

@@ -19,6 +19,7 @@ from actorserve.replay.check import check
 
 from runtime_helpers import assert_nothing_held, make_runtime
 from waiting import until
+from actor_access import actor_of
 
 
 def expected_tokens(prompt: list[int], n: int, vocab: int = 1000) -> list[int]:
@@ -191,14 +192,14 @@ async def test_a_request_actor_that_ended_on_its_own_is_never_told_again():
     assert (await pause).ok and gone_actor.state.name == "paused"
     gone_actor.tell(Aborted(gone.rid, "ended on its own"))   # through its lifecycle; the
     await rt.quiesce()                                       # scheduler has not heard of it
-    assert gone_actor.state.name == "aborted" and not gone_actor.alive and gone.rid in rt.scheduler.seqs
+    assert gone_actor.state.name == "aborted" and not gone_actor.alive and gone.rid in actor_of(rt, "scheduler").seqs
     res = await rt.control(ContinueGeneration())
     assert res.ok, res
     await rt.quiesce()
     assert (await other.stream.final()).finish_reason == "length"
     await rt.quiesce()
     assert other_actor.alive is False
-    rt.scheduler.tell(Release(gone.rid, "stop"))
+    actor_of(rt, "scheduler").tell(Release(gone.rid, "stop"))
     await rt.quiesce()
     assert rt.system.failures == []
     assert_nothing_held(rt)
@@ -236,7 +237,7 @@ async def test_abort_all_over_ten_thousand_queued_requests_ends_each_aborted_exa
     assert (rt.stats().waiting, rt.stats().running) == (10_000, 3)
     res = await rt.control(AbortRequest(abort_all=True))
     assert res.ok and res.detail["aborted"] == 10_003
-    assert rt.stats().waiting == 0 and len(rt.scheduler.lane) == 0
+    assert rt.stats().waiting == 0 and len(actor_of(rt, "scheduler").lane) == 0
     for h in running + queued:
         assert (await h.stream.final()).finish_reason == "abort"
     await rt.control(ContinueGeneration())

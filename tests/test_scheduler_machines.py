@@ -18,6 +18,7 @@ from actorserve.replay.recorder import Event
 from http_support import load_tiny, serve
 from runtime_helpers import assert_nothing_held, make_runtime
 from waiting import until
+from actor_access import actor_of
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ async def test_a_draining_server_whose_scheduler_is_paused_in_place_says_it_is_p
         await rt.quiesce()
         st = await (await http.get("/is_paused")).json()
         assert st == {"is_paused": True, "mode": "in_place", "server_state": "draining"}
-        assert rt.scheduler.state.name == "paused_in_place" and not drained.done()
+        assert actor_of(rt, "scheduler").state.name == "paused_in_place" and not drained.done()
         info = await (await http.get("/server_info")).json()
         assert info["pause_mode"] == "in_place" and info["server_state"] == "draining"
         assert (await http.get("/health")).status == 503       # paused, but draining: not healthy
@@ -54,7 +55,7 @@ async def test_a_probe_retracted_by_a_pause_goes_back_to_the_probe_lane():
     rt, engine, rec, _ = await make_runtime(batch=BatchConfig(max_num_seqs=2))
     probe = rt.generate([9, 8], SamplingParams(max_new_tokens=30, ignore_eos=True), is_probe=True)
     first = rt.generate([1, 2], SamplingParams(max_new_tokens=30, ignore_eos=True))
-    sched = rt.scheduler
+    sched = actor_of(rt, "scheduler")
     # both admitted (a step runs per few loop turns): checked every turn
     await until(lambda: len(sched.running) >= 2, poll=0, what="both running")
     assert {s.rid for s in sched.running} == {probe.rid, first.rid}

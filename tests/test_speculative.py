@@ -22,6 +22,7 @@ from actorserve.replay.check import check
 from actorserve.replay.reexec import reexecute, steps_of
 from actorserve.replay.stats import speculation
 from runtime_helpers import assert_nothing_held, make_runtime
+from actor_access import actor_of
 
 SPEC = BatchConfig(max_num_seqs=8, max_batch_tokens=64, max_prefill_chunk=16, speculative="ngram")
 PLAIN = BatchConfig(max_num_seqs=8, max_batch_tokens=64, max_prefill_chunk=16)
@@ -163,7 +164,7 @@ async def test_speculation_stops_above_its_batch_limit_and_for_an_engine_that_ca
     from actorserve.actors.runtime import Runtime
     from actorserve.config import SchedulerConfig
     rt = Runtime(Plain(), config=SchedulerConfig(batch=SPEC, step_in_thread=False))
-    assert rt.scheduler.policy.config.speculative is None and not rt.scheduler.policy.spec.enabled
+    assert actor_of(rt, "scheduler").policy.config.speculative is None and not actor_of(rt, "scheduler").policy.spec.enabled
     assert rt.setup()["generation"]["batch"]["speculative"] is None       # the recording says so
 
 

@@ -25,6 +25,7 @@ from actorserve.replay.reexec import reexecute
 from actorserve.statemachines import LIFECYCLES
 
 from http_support import load_smol, serve, settle, until
+from actor_access import live_actors
 
 pytestmark = pytest.mark.model
 NAME = "smollm2"
@@ -188,7 +189,7 @@ async def test_pause_mid_grammar_keeps_the_matcher(smol, mode):
     for o in got:
         jsonschema.validate(json.loads(o.text), PERSON)
     await rt.quiesce()
-    assert rt.stats().kv_used_blocks == 0 and rt.live_actors() == []
+    assert rt.stats().kv_used_blocks == 0 and live_actors(rt) == []
     assert check(rt.recorder.events()).ok
     await rt.shutdown()
 
@@ -205,7 +206,7 @@ async def test_abort_mid_grammar_ends_once_and_frees_everything(smol):
     assert out.finish_reason == "abort" and 0 < out.completion_tokens < 160
     assert out.text.startswith("{")
     await rt.quiesce()
-    assert rt.stats().kv_used_blocks == 0 and rt.live_actors() == []
+    assert rt.stats().kv_used_blocks == 0 and live_actors(rt) == []
     await rt.shutdown()
 
 

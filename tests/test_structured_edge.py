@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from http_support import assert_error, load_tiny, serve, settle
+from actor_access import live_actors
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -151,7 +152,7 @@ async def test_a_token_the_grammar_refuses_fails_that_request_alone(tiny):
     ok = await free.stream.final()
     assert ok.finish_reason == "length" and ok.token_ids == [digit] * 4
     await rt.quiesce()
-    assert rt.stats().kv_used_blocks == 0 and rt.live_actors() == []
+    assert rt.stats().kv_used_blocks == 0 and live_actors(rt) == []
     assert check(rt.recorder.events()).ok
     await rt.shutdown()
 

@@ -9,6 +9,7 @@ import pytest
 
 from http_support import assert_error, load_tiny, settle, until
 from test_http_control import Stall, serve
+from actor_access import actor_of, live_actors
 
 GEN = {"text": "hi", "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
 
@@ -29,9 +30,9 @@ async def test_pause_wait_drains_the_running_request_admits_none_then_pauses(tin
         a = asyncio.ensure_future(http.post("/generate", json=GEN))
         assert await asyncio.to_thread(stall.started.wait, 10)       # A's first step is held
         b = asyncio.ensure_future(http.post("/generate", json={**GEN, "rid": "b-queued"}))
-        await until(lambda: any(x.rid == "b-queued" for x in rt.live_actors()), what="b-queued in the runtime")
+        await until(lambda: any(x.rid == "b-queued" for x in live_actors(rt)), what="b-queued in the runtime")
         pause = asyncio.ensure_future(http.post("/pause", params={"mode": "wait"}))
-        await until(lambda: rt.scheduler.state.name == "pausing", what="the wait pause pending")
+        await until(lambda: actor_of(rt, "scheduler").state.name == "pausing", what="the wait pause pending")
         stall.release()
         r = await pause
         assert r.status == 200, await r.text()  # noqa
@@ -40,9 +41,9 @@ async def test_pause_wait_drains_the_running_request_admits_none_then_pauses(tin
         body = await ra.json()
         assert body["meta_info"]["finish_reason"]["type"] == "length"
         assert body["meta_info"]["completion_tokens"] == 4
-        qb = [x for x in rt.live_actors() if x.rid == "b-queued"]
+        qb = [x for x in live_actors(rt) if x.rid == "b-queued"]
         assert qb and qb[0].state.name == "queued" and not b.done()      # B was never admitted
-        assert rt.scheduler.state.name == "paused_retract" and rt.scheduler.running == []
+        assert actor_of(rt, "scheduler").state.name == "paused_retract" and actor_of(rt, "scheduler").running == []
         drains = [e for e in rec.events(kind="scheduler") if e.event == "drain_step"]
         assert drains, "the drain stepped the running request with drain_step"
         r = await http.get("/is_paused")
@@ -77,7 +78,7 @@ async def test_pause_abort_ends_the_running_request_with_partial_output_and_is_a
             **GEN["sampling_params"], "max_new_tokens": 50}}))
         assert await asyncio.to_thread(stall.started.wait, 10)
         pause = asyncio.ensure_future(http.post("/pause"))                 # mode=abort by default
-        await until(lambda: rt.scheduler.state.name == "pausing", what="the pause pending")
+        await until(lambda: actor_of(rt, "scheduler").state.name == "pausing", what="the pause pending")
         stall.release()
         r = await pause
         assert r.status == 200 and await r.json() == {"status": "paused"}
@@ -88,7 +89,7 @@ async def test_pause_abort_ends_the_running_request_with_partial_output_and_is_a
         snap = await (await http.get("/is_paused")).json()
         assert snap["is_paused"] is True and snap["mode"] == "abort"
         late = asyncio.ensure_future(http.post("/generate", json=GEN))      # queues; nothing steps
-        await until(lambda: len(rt.live_actors()) == 1, what="the late request in the runtime")
+        await until(lambda: len(live_actors(rt)) == 1, what="the late request in the runtime")
         await rt.quiesce()
         assert _step_notes(rec) == steps and not late.done()
         assert (await http.post("/resume")).status == 200
@@ -103,12 +104,12 @@ async def test_pause_keep_parks_the_request_and_resume_finishes_it(tiny):
         a = asyncio.ensure_future(http.post("/generate", json=GEN))
         assert await asyncio.to_thread(stall.started.wait, 10)
         pause = asyncio.ensure_future(http.post("/pause", params={"mode": "keep"}))
-        await until(lambda: rt.scheduler.state.name == "pausing", what="the pause pending")
+        await until(lambda: actor_of(rt, "scheduler").state.name == "pausing", what="the pause pending")
         stall.release()
         assert (await pause).status == 200
         snap = await (await http.get("/is_paused")).json()
         assert snap == {**snap, "is_paused": True, "mode": "in_place"}
-        assert not a.done() and rt.scheduler.running, "the request is parked with its KV"
+        assert not a.done() and actor_of(rt, "scheduler").running, "the request is parked with its KV"
         r = await http.post("/reset_prefix_cache")                       # the KV is kept: refused
         assert r.status == 400
         assert_error(await r.json())
@@ -126,7 +127,7 @@ async def test_reset_prefix_cache_and_bad_query_parameters(tiny):
         r = await http.post("/reset_prefix_cache")
         assert r.status == 200 and await r.read() == b""
         assert (await http.post("/reset_prefix_cache")).status == 200           # idempotent
-        flushes = [c for c in rt.control_actor.history if c.op == "flush_cache"]
+        flushes = [c for c in actor_of(rt, "control").history if c.op == "flush_cache"]
         assert len(flushes) == 2 and all(c.state.name == "applied" for c in flushes)
         stall = Stall(rt.engine)
         stall.armed = True

@@ -29,6 +29,7 @@ from http_support import load_tiny, serve, settle
 from test_http_control import Stall
 from test_weights import PROMPT, _gen, folders  # noqa: F401  (the module's fixture)
 from waiting import until
+from actor_access import actor_of
 
 
 def _spans(meta):
@@ -44,7 +45,7 @@ async def _generate(http, **kw):
 async def _stall_after(rt, stall, n: int) -> None:
     """Let the one running request make `n` tokens, then stall its next step."""
     def ready() -> bool:
-        seq = next(iter(rt.scheduler.seqs.values()), None)
+        seq = next(iter(actor_of(rt, "scheduler").seqs.values()), None)
         if seq is not None and len(seq.output_ids) >= n:
             stall.armed = True
         return stall.armed
@@ -59,11 +60,11 @@ async def _span_an_update(http, rt, folder: str, max_new: int = 24):
     running = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=max_new)))
     await _stall_after(rt, stall, 3)
     pause = asyncio.ensure_future(http.post("/pause_generation", json={"mode": "retract"}))
-    await until(lambda: rt.scheduler.state.name == "pausing", timeout=30)
+    await until(lambda: actor_of(rt, "scheduler").state.name == "pausing", timeout=30)
     stall.release()
     r = await pause
     assert r.status == 200 and (await r.json())["affected"] == 1
-    (seq,) = rt.scheduler.seqs.values()                 # back in the queue, its tokens kept
+    (seq,) = actor_of(rt, "scheduler").seqs.values()                 # back in the queue, its tokens kept
     k = len(seq.output_ids)
     r = await http.post("/update_weights_from_disk", json={"model_path": folder, "weight_version": "v5"})
     assert r.status == 200 and (await r.json())["num_paused_requests"] == 1
@@ -169,11 +170,11 @@ async def test_a_rename_mid_request_splits_at_the_step_in_flight(tmp_path):
         stall = Stall(rt.engine)
         resp = asyncio.ensure_future(http.post("/generate", json={**_gen(max_new=12), "stream": True}))
         await _stall_after(rt, stall, 3)
-        (seq,) = rt.scheduler.seqs.values()
+        (seq,) = actor_of(rt, "scheduler").seqs.values()
         j = len(seq.output_ids)                      # the stalled step makes token j + 1
         r = await http.post("/update_weight_version", json={"new_version": "step-2"})
         assert r.status == 200
-        await until(lambda: rt.scheduler.weight_version == "step-2")
+        await until(lambda: actor_of(rt, "scheduler").weight_version == "step-2")
         stall.release()
         r = await resp
         events = [json.loads(line[6:]) for line in (await r.text()).splitlines()

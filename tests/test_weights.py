@@ -13,6 +13,7 @@ from actorserve.replay.check import check
 from http_support import assert_error, load_tiny, serve, settle
 from test_http_control import Stall
 from waiting import until
+from actor_access import actor_of
 
 PROMPT = [5 + (i * 7) % 150 for i in range(40)]       # > two blocks of 16: a prefix-cache hit
 
@@ -164,7 +165,7 @@ async def test_the_server_answers_while_the_folder_is_read(folders, monkeypatch)
         assert r.status == 200
         during, meta = await _ids(http)
         assert during == before and meta["weight_version"] == "default"
-        assert not update.done() and rt.control_actor.weights.state.name == "updating"
+        assert not update.done() and actor_of(rt, "control").weights.state.name == "updating"
         gate.set()
         r = await update
         body = await r.json()
@@ -207,7 +208,7 @@ async def test_the_server_answers_during_the_copy_and_no_step_overlaps_it(folder
         await until(entered.is_set)
         assert (await http.get("/health")).status == 200
         during = asyncio.ensure_future(_ids(http))
-        await until(lambda: rt.scheduler.seqs)                   # admitted, its step queued behind the copy
+        await until(lambda: actor_of(rt, "scheduler").seqs)                   # admitted, its step queued behind the copy
         assert not during.done() and not update.done()
         gate.set()
         r = await update
@@ -287,10 +288,10 @@ async def test_an_update_waits_for_the_step_barrier(folders):
         assert await asyncio.to_thread(stall.started.wait, 30)
         update = asyncio.ensure_future(http.post("/update_weights_from_disk", json={"model_path": str(new)}))
         await until(lambda: any(r.op == "update_weights_from_disk" and r.state.name == "waiting"   # busy:
-                                for r in rt.control_actor.open.values()), timeout=30)     # the record waits
-        assert [r.state.name for r in rt.control_actor.open.values()
+                                for r in actor_of(rt, "control").open.values()), timeout=30)     # the record waits
+        assert [r.state.name for r in actor_of(rt, "control").open.values()
                 if r.op == "update_weights_from_disk"] == ["waiting"]
-        assert not update.done() and rt.control_actor.weights.state.name == "updating"
+        assert not update.done() and actor_of(rt, "control").weights.state.name == "updating"
         stall.release()
         r = await running
         body = await r.json()
@@ -310,7 +311,7 @@ async def test_abort_all_requests_ends_running_ones_with_their_partial_tokens(fo
         stall = Stall(rt.engine)
         running = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=200)))
         def three_out() -> bool:                   # let it produce a few tokens, then stall a step
-            seq = next(iter(rt.scheduler.seqs.values()), None)
+            seq = next(iter(actor_of(rt, "scheduler").seqs.values()), None)
             if seq is not None and len(seq.output_ids) >= 3:
                 stall.armed = True
             return stall.armed
@@ -318,7 +319,7 @@ async def test_abort_all_requests_ends_running_ones_with_their_partial_tokens(fo
         assert await asyncio.to_thread(stall.started.wait, 30)
         update = asyncio.ensure_future(http.post("/update_weights_from_disk", json={
             "model_path": str(new), "abort_all_requests": True, "weight_version": "v3"}))
-        await until(lambda: rt.control_actor.weights.state.name == "updating", timeout=30)
+        await until(lambda: actor_of(rt, "control").weights.state.name == "updating", timeout=30)
         stall.release()
         body = await (await running).json()
         assert body["meta_info"]["finish_reason"]["type"] == "abort"
@@ -388,7 +389,7 @@ async def test_pause_retract_then_update_then_continue(folders):
         running = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=30)))
         assert await asyncio.to_thread(stall.started.wait, 30)
         pause = asyncio.ensure_future(http.post("/pause_generation", json={"mode": "retract"}))
-        await until(lambda: rt.scheduler.state.name == "pausing", timeout=30)
+        await until(lambda: actor_of(rt, "scheduler").state.name == "pausing", timeout=30)
         stall.release()
         r = await pause
         assert r.status == 200 and (await r.json())["affected"] == 1

@@ -105,36 +105,38 @@ class Runtime(RuntimeReads, RuntimeHooks):
         self.recorder = recorder
         self.new_detokenizer = detokenizer      # SamplingParams -> detokenizer (None: no text)
         self.system = ActorSystem(clock=clock, recorder=recorder)
-        # The actors are built here and spawned by `begin`; from then on the runtime uses their
-        # refs and what they publish (the objects stay reachable for tests and re-execution).
-        self.stage = OutputStage()
+        stage = OutputStage()
         batch = batch_it_runs(engine, cfg.batch, "scheduler")
         # each scheduler's configuration as plain data, from what it is built with (`setup`)
         self.setups: dict[str, Any] = {"": setup_of(engine, batch, 0.0, True, weight_version)}
-        self.scheduler = SchedulerActor(engine, stage=self.stage.ref, batch=batch,
-                                        step_in_thread=cfg.step_in_thread, weight_version=weight_version)
+        sched = SchedulerActor(engine, stage=stage.ref, batch=batch,
+                               step_in_thread=cfg.step_in_thread, weight_version=weight_version)
         self.pooling_engines: dict[str, Engine] = dict(pooling_engines or {})
-        self.pool_schedulers: dict[str, SchedulerActor] = {
-            key: _pool_scheduler(key, eng, cfg, self.stage.ref, self.setups)
-            for key, eng in self.pooling_engines.items()}
-        self.control_actor = ControlActor(self.scheduler.ref, weight_version=weight_version, engine=engine,
-                                          pool_schedulers={k: s.ref for k, s in self.pool_schedulers.items()})
-        self.sessions = SessionActor()                  # open/close_session via the control actor
-        self.control_actor.sessions = self.sessions.ref
-        self.responses = ResponseStoreActor(self.sessions.ref, capacity=cfg.responses_store,
-                                            control=self.control_actor.ref)
+        pools = {key: _pool_scheduler(key, eng, cfg, stage.ref, self.setups)
+                 for key, eng in self.pooling_engines.items()}
+        control = ControlActor(sched.ref, weight_version=weight_version, engine=engine,
+                               pool_schedulers={k: s.ref for k, s in pools.items()})
+        sessions = SessionActor()                       # open/close_session via the control actor
+        control.sessions = sessions.ref
+        responses = ResponseStoreActor(sessions.ref, capacity=cfg.responses_store, control=control.ref)
         self.responses_capacity = cfg.responses_store
-        self.watchdog: WatchdogActor | None = None      # --watchdog-timeout: stall -> unhealthy
+        watchdog: WatchdogActor | None = None           # --watchdog-timeout: stall -> unhealthy
         self.watchdog_config: dict[str, float] | None = None
         if cfg.watchdog_timeout_s:
-            self.watchdog = WatchdogActor(self.scheduler.ref, self.control_actor.ref, timeout=cfg.watchdog_timeout_s)
-            self.watchdog_config = {"timeout": self.watchdog.timeout, "interval": self.watchdog.interval}
-        self.sched_ref: ActorRef = self.scheduler.ref
-        self.pool_refs: dict[str, ActorRef] = {k: s.ref for k, s in self.pool_schedulers.items()}
-        self.stage_ref: ActorRef = self.stage.ref
-        self.control_ref: ActorRef = self.control_actor.ref
-        self.sessions_ref: ActorRef = self.sessions.ref
-        self.responses_ref: ActorRef = self.responses.ref
+            watchdog = WatchdogActor(sched.ref, control.ref, timeout=cfg.watchdog_timeout_s)
+            self.watchdog_config = {"timeout": watchdog.timeout, "interval": watchdog.interval}
+        # The actors are built here and spawned by `begin` (in this order), which lets go of them:
+        # from then on the runtime holds their refs and reads what they publish, nothing else.
+        self._unspawned: dict[str, Any] = {
+            "stage": stage, "scheduler": sched, "control": control, "sessions": sessions,
+            "responses": responses, "watchdog": watchdog, **{f"pool:{k}": s for k, s in pools.items()}}
+        self.sched_ref: ActorRef = sched.ref
+        self.pool_refs: dict[str, ActorRef] = {k: s.ref for k, s in pools.items()}
+        self.stage_ref: ActorRef = stage.ref
+        self.control_ref: ActorRef = control.ref
+        self.sessions_ref: ActorRef = sessions.ref
+        self.responses_ref: ActorRef = responses.ref
+        self.watchdog_ref: ActorRef | None = None if watchdog is None else watchdog.ref
         self._begun = False
         self.steps_in_thread = cfg.step_in_thread
         self._seq = itertools.count(1)
@@ -161,8 +163,8 @@ class Runtime(RuntimeReads, RuntimeHooks):
         self._begun = True
         if self.recorder is not None:
             self.recorder.input("runtime", data=self.setup())
-        for actor in (self.stage, self.scheduler, self.control_actor, self.sessions, self.responses,
-                      self.watchdog, *self.pool_schedulers.values()):
+        built, self._unspawned = self._unspawned, {}
+        for actor in built.values():
             if actor is not None:
                 self.system.spawn(actor)
         return self.control_ref.ask(ServerEvent("ready"))
@@ -354,7 +356,7 @@ class Runtime(RuntimeReads, RuntimeHooks):
              deadline_s: float | None = None) -> RequestHandle:
         """A pooling request; ``target`` names a pooling engine, None = the generation engine.
         Its result is what ``pooling.head`` makes of the pooled value (`engine.heads`)."""
-        if target is not None and target not in self.pool_schedulers:
+        if target is not None and target not in self.pool_refs:
             raise KeyError(f"no pooling engine {target!r} is loaded")
         sched = self.sched_ref if target is None else self.pool_refs[target]
         rid = self._rid(rid)

@@ -21,9 +21,7 @@ _SCHED_KEYS = ("engine", "batch", "batch_wait_s", "prefix_cache")     # a schedu
 class RuntimeHooks:
     # set by Runtime
     setups: dict[str, Any]
-    scheduler: Any
-    pool_schedulers: dict[str, Any]
-    control_actor: Any
+    _unspawned: dict[str, Any]       # the actors built and not yet spawned (until `begin`)
     responses_capacity: int
     max_queue_time: float | None
     watchdog_config: dict[str, float] | None
@@ -47,15 +45,19 @@ class RuntimeHooks:
         (``steps(ref, fn, batch, wrap=...)``, every scheduler), the generation scheduler's batch
         policy, who runs a weight load at the step barrier, an adapter's read, a weight update's
         read. Each runner gets the ref of the actor to tell the outcome."""
-        scheds = [self.scheduler, *self.pool_schedulers.values()]
+        built = self._unspawned
+        if not built:
+            raise RuntimeError("take_over is set before the runtime begins")
         if steps is not None:
-            for s in scheds:
-                s.runner = steps
+            for key, actor in built.items():
+                if key == "scheduler" or key.startswith("pool:"):
+                    actor.runner = steps
+        sched = built["scheduler"]
         if policy is not None:
-            self.scheduler.policy = policy
+            sched.policy = policy
         if loads is not None:
-            self.scheduler.load_runner = loads
+            sched.load_runner = loads
         if lora_reads is not None:
-            self.scheduler.lora_runner = lora_reads
+            sched.lora_runner = lora_reads
         if weight_reads is not None:
-            self.control_actor.weights_reader = weight_reads
+            built["control"].weights_reader = weight_reads

@@ -6,8 +6,7 @@ Every read comes from what an actor published after its last turn (`ActorSystem.
 the schedulers' `SchedulerView`, the control actor's regions, the sessions and the responses
 store) or from the request registry (a request's state, published on each transition); a read
 that must wait for an actor's answer is an ask (`lora_wait`). None reads an actor's fields, so
-none can see one half-way through a turn. Each returns data, never an actor; ``live_actors`` is
-for tests."""
+none can see one half-way through a turn. Each returns data, never an actor."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from typing import Any
 
 from ..messages import LoraWait
 from ..statemachines import LIFECYCLES
-from .actor import Actor, ActorRef
-from .request import RequestActor
+from .actor import ActorRef
 from .scheduler_stats import SchedulerStats, SchedulerView
 from .surface import ServerSnapshot
 
@@ -150,9 +148,6 @@ class RuntimeReads:
         """A live request's kind and current state (as it published it on its last transition),
         or None when it is not running."""
         return self.system.requests.info(rid)
-
-    def live_actors(self) -> list[Actor]:
-        return [a for a in self.system.actors.values() if isinstance(a, RequestActor)]
 
     def definitions(self) -> dict[str, Any]:
         return {name: lc.describe() for name, lc in LIFECYCLES.items()}
