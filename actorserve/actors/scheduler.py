@@ -6,8 +6,8 @@ is one of its states, fired through the machine and recorded, and a handler asks
 (`_can`) rather than repeating its table in an ``if state is ...`` guard.
 
 It is built from parts handed in: the engine, the output stage, the batching policy and the
-KV's `BlockManager`, the batching window (`batch_window.BatchWindow`) and the isolation of a
-failed step (`isolation.Isolator`). What a step's answer means for each member is decided in
+KV's `BlockManager`, the batching window (`batch_window.BatchWindow`), pause control
+(`pause_control.PauseControl`) and the isolation of a failed step (`isolation.Isolator`). What a step's answer means for each member is decided in
 one place, `step_outputs.decide`; this module only applies it.
 
 A step, top to bottom (the section "stepping" below): when the mailbox drains in ``pending``
@@ -26,13 +26,13 @@ arrived while a step was running is applied before the next step: an aborted req
 at once (its client gets `finish_reason: abort` right away), and its blocks are freed when
 the in-flight step returns — never while the worker thread may still read its block table.
 
-Pause, continue, flush and idle waits are in `scheduler_control.py`; memory release and resume
+Pause, continue, flush and idle waits are the `PauseControl` part (its handlers in
+`scheduler_control.py`); memory release and resume
 in `scheduler_memory.py`; LoRA adapters in `scheduler_lora.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from typing import Any
@@ -42,7 +42,7 @@ from ..engine.batching import BatchConfig
 from ..engine.block_manager import BlockManager
 from ..engine.priority import make_policy
 from ..messages import (
-    QUEUE_TIMEOUT, AbortRequest, Aborted, BatchWindowClosed, ControlResult, Failed, Forget, OutputsDone,
+    QUEUE_TIMEOUT, AbortRequest, Aborted, BatchWindowClosed, Failed, Forget, OutputsDone,
     PoolOut, PrefillProgress, Progress, ProgressQuery, QueueTimeout, Release, Retracted, Scheduled,
     StepDone, StepOutputs, Submit, TokenOut,
 )
@@ -50,6 +50,7 @@ from ..statemachines import SCHEDULER, STEP_IN_FLIGHT, SchedulerState
 from .actor import ActorRef, handles
 from .batch_window import BatchWindow
 from .isolation import Hooks, Isolator
+from .pause_control import PauseControl
 from .queues import Queues
 from .output import outputs_done
 from .scheduler_control import SchedulerControl
@@ -69,7 +70,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
                  block_manager: BlockManager | None = None, step_in_thread: bool = True,
                  name: str = "scheduler", batch_wait_s: float = 0.0, weight_version: str = "default",
                  window: BatchWindow | None = None, isolator: Isolator | None = None,
-                 queues: Queues | None = None) -> None:
+                 queues: Queues | None = None, pause_control: PauseControl | None = None) -> None:
         super().__init__(name)
         self.weight_version = weight_version  # the label of the weights its steps run with now
         self.step_version = weight_version    # the label of the step in flight (or the last one)
@@ -94,8 +95,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         self.actors, self.inflight, self._free_after_step = q.actors, q.inflight, q.free_after_step
         self.queue_timeouts = 0              # requests ended by --max-queue-time
         self.step_id = 0
-        self._pending_pause: tuple[str, asyncio.Future[ControlResult]] | None = None
-        self._idle_waiters: list[asyncio.Future[bool]] = []
+        self.pause_control = pause_control or PauseControl()   # pause, flush, idle waits (pause_control.py)
         self.generated_tokens = 0      # business traffic only: probes are not counted
         self.prompt_tokens = 0
         self.steps_done = 0            # completed model steps (the watchdog's progress signal)
