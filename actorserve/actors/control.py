@@ -8,13 +8,13 @@ scheduler answered busy, or a drain: it waits for their idle answer and asks aga
 ``retry``), ``working`` (a weight update's read, a trainer group's join, off the loop) and
 ``probing`` (a /health_generate probe), then ``applied | rejected`` (``time_out``: a flush's
 timeout ran out). What an answer means is per operation, in two tables (`_on_answer`,
-`_on_idle`: op -> handler), never a switch on the op's name. The records reach the schedulers
-as messages that become transitions of the request machines. Every abort goes through here — the `/abort_request` route, a client that
-disconnected, a health probe that timed out, a pooling request's caller that left — so each
-one is a recorded control request with its reason.
+`_on_idle`: op -> handler), never a switch on the op's name. Every abort goes through here
+(`/abort_request`, a client that left, a health probe that timed out): each one is a recorded
+control request with its reason.
 
-The served weights are the WEIGHTS lifecycle, handled by the `WeightsControl` base
-(`weights_control`; a trainer's process group by `WeightsGroupControl`, `weights_distributed`); memory release and resume per tag the MEMORY lifecycle (`memory_control`). The control actor also owns the server's two orthogonal regions: the SERVER lifecycle
+The served weights are the WEIGHTS lifecycle (`weights_control`, `weights_distributed`); memory
+release and resume per tag the MEMORY lifecycle (`memory_control`). The control actor also owns
+the server's two orthogonal regions: the SERVER lifecycle
 (``starting -> serving -> draining -> stopped``) and the HEALTH lifecycle (``healthy <->
 unhealthy``, moved by the watchdog's `HealthVerdict`). Whether generation is paused is not a
 state here: pause lives in one machine, the generation scheduler's (``paused_<mode>``), and

@@ -7,7 +7,7 @@ is one of its states, fired through the machine and recorded, and a handler asks
 
 It is built from parts handed in: the engine, the output stage, the batching policy and the
 KV's `BlockManager`, the batching window (`batch_window.BatchWindow`), pause control
-(`pause_control.PauseControl`) and the isolation of a failed step (`isolation.Isolator`). What a step's answer means for each member is decided in
+(`pause_control`), memory release (`scheduler_memory`) and isolation (`isolation.Isolator`). What a step's answer means for each member is decided in
 one place, `step_outputs.decide`; this module only applies it.
 
 A step, top to bottom (the section "stepping" below): when the mailbox drains in ``pending``
@@ -26,9 +26,7 @@ arrived while a step was running is applied before the next step: an aborted req
 at once (its client gets `finish_reason: abort` right away), and its blocks are freed when
 the in-flight step returns — never while the worker thread may still read its block table.
 
-Pause, continue, flush and idle waits are the `PauseControl` part (its handlers in
-`scheduler_control.py`); memory release and resume
-in `scheduler_memory.py`; LoRA adapters in `scheduler_lora.py`.
+Handlers of the parts: pause (`scheduler_control`), memory (`scheduler_memory`), LoRA (`scheduler_lora`).
 """
 
 from __future__ import annotations
@@ -54,7 +52,7 @@ from .pause_control import PauseControl
 from .queues import Queues
 from .output import outputs_done
 from .scheduler_control import SchedulerControl
-from .scheduler_memory import SchedulerMemory
+from .scheduler_memory import SchedulerMemory, SchedulerMemoryPart
 from .scheduler_stats import SchedulerStats, SchedulerView, stats_of, view_of
 from .step_outputs import V, decide, step_end_note, step_note
 
@@ -70,7 +68,8 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
                  block_manager: BlockManager | None = None, step_in_thread: bool = True,
                  name: str = "scheduler", batch_wait_s: float = 0.0, weight_version: str = "default",
                  window: BatchWindow | None = None, isolator: Isolator | None = None,
-                 queues: Queues | None = None, pause_control: PauseControl | None = None) -> None:
+                 queues: Queues | None = None, pause_control: PauseControl | None = None,
+                 memory: SchedulerMemoryPart | None = None) -> None:
         super().__init__(name)
         self.weight_version = weight_version  # the label of the weights its steps run with now
         self.step_version = weight_version    # the label of the step in flight (or the last one)
@@ -96,6 +95,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         self.queue_timeouts = 0              # requests ended by --max-queue-time
         self.step_id = 0
         self.pause_control = pause_control or PauseControl()   # pause, flush, idle waits (pause_control.py)
+        self.memory = memory or SchedulerMemoryPart()          # memory release / resume (scheduler_memory.py)
         self.generated_tokens = 0      # business traffic only: probes are not counted
         self.prompt_tokens = 0
         self.steps_done = 0            # completed model steps (the watchdog's progress signal)
