@@ -90,7 +90,8 @@ class SchedulerControl(SchedulerLora):
             h = self._pause_hooks = PauseHooks(
                 can=self._can, fire=self.fire, paused_mode=lambda: self.paused_mode,
                 in_flight=lambda: self.state in STEP_IN_FLIGHT, idle=lambda: self.idle,
-                running=self.running, requeue=self.queues.requeue, free_kv=self.bm.free, flush_kv=self.bm.flush,
+                running=self.running, requeue=self.queues.requeue, free_kv=self.bm.free,
+                flush_kv=lambda: self.bm.flush(),
                 abort_all=lambda: len(self._abort(AbortRequest(abort_all=True))), tell=self._tell,
                 close_window=self._close_window, drain_step=lambda: self._start_step(drain=True),
                 settle=self._settle, future=loop.create_future, reply=self._reply)

@@ -192,7 +192,7 @@ class SchedulerMemory(Actor):
             h = self._memory_hooks = MemoryHooks(
                 engine=self.engine,
                 holding=lambda: len(self.running) if self.state in STEP_IN_FLIGHT or self.running else None,
-                loading=lambda: self._loading is not None, flush_kv=self.bm.flush,
+                loading=lambda: self._loading is not None, flush_kv=lambda: self.bm.flush(),
                 inline=lambda: not self.step_in_thread or self.runner is not None,
                 on_step_thread=self._memory_on_step_thread, back=self._memory_back,
                 future=self.system.loop.create_future, reply=self._reply)
