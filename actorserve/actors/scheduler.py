@@ -5,10 +5,10 @@ stepping -> pending | idle``, ``isolating``, ``pausing``, ``paused_<mode>``); ev
 is one of its states, fired through the machine and recorded, and a handler asks the machine
 (`_can`) rather than repeating its table in an ``if state is ...`` guard.
 
-It is built from parts handed in: the engine, the output stage, the batching policy and the
-KV's `BlockManager`, the batching window (`batch_window.BatchWindow`), pause control
-(`pause_control`), memory release (`scheduler_memory`) and isolation (`isolation.Isolator`). What a step's answer means for each member is decided in
-one place, `step_outputs.decide`; this module only applies it.
+It is built from parts handed in: the engine, the output stage, the batching policy, the KV's
+`BlockManager`, `BatchWindow`, `PauseControl`, memory, LoRA adapters (`lora_part`), `Isolator`
+(their handlers: `scheduler_control`, `scheduler_memory`, `scheduler_lora`). What a step's
+answer means for each member is decided in one place, `step_outputs.decide`; this module only applies it.
 
 A step, top to bottom (the section "stepping" below): when the mailbox drains in ``pending``
 (`on_drained`), the policy plans the next batch (`_start_step`): retracted requests go back to
@@ -25,8 +25,6 @@ Because the next step starts only once the mailbox is empty, any `AbortRequest` 
 arrived while a step was running is applied before the next step: an aborted request leaves
 at once (its client gets `finish_reason: abort` right away), and its blocks are freed when
 the in-flight step returns — never while the worker thread may still read its block table.
-
-Handlers of the parts: pause (`scheduler_control`), memory (`scheduler_memory`), LoRA (`scheduler_lora`).
 """
 
 from __future__ import annotations
@@ -49,6 +47,7 @@ from .actor import ActorRef, handles
 from .batch_window import BatchWindow
 from .isolation import Hooks, Isolator
 from .pause_control import PauseControl
+from .lora_part import SchedulerLoraPart
 from .queues import Queues
 from .output import outputs_done
 from .scheduler_control import SchedulerControl
@@ -69,7 +68,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
                  name: str = "scheduler", batch_wait_s: float = 0.0, weight_version: str = "default",
                  window: BatchWindow | None = None, isolator: Isolator | None = None,
                  queues: Queues | None = None, pause_control: PauseControl | None = None,
-                 memory: SchedulerMemoryPart | None = None) -> None:
+                 memory: SchedulerMemoryPart | None = None, adapters: SchedulerLoraPart | None = None) -> None:
         super().__init__(name)
         self.weight_version = weight_version  # the label of the weights its steps run with now
         self.step_version = weight_version    # the label of the step in flight (or the last one)
@@ -105,7 +104,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         # How a step runs: None = the system's worker thread (or inline); re-execution holds
         # each step until the recording says it came back. Called (self, fn, batch, wrap=...).
         self.runner: Any = None
-        self._init_lora()                # LoRA adapters: their lifecycle and holds (scheduler_lora)
+        self._init_lora(adapters)        # LoRA adapters: their lifecycle and holds (lora_part)
 
     @property
     def batch_wait_s(self) -> float:
