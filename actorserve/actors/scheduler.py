@@ -6,9 +6,8 @@ is one of its states, fired through the machine and recorded, and a handler asks
 (`_can`) rather than repeating its table in an ``if state is ...`` guard.
 
 It is built from parts handed in: the engine, the output stage, the batching policy, the KV's
-`BlockManager`, `BatchWindow`, `PauseControl`, memory, LoRA adapters (`lora_part`), `Isolator`
-(their handlers: `scheduler_control`, `scheduler_memory`, `scheduler_lora`). What a step's
-answer means for each member is decided in one place, `step_outputs.decide`; this module only applies it.
+`BlockManager`, `BatchWindow`, `PauseControl`, memory, LoRA adapters (`lora_part`), `Isolator`.
+What a step's answer means for each member is decided in `step_outputs.decide`.
 
 A step, top to bottom (the section "stepping" below): when the mailbox drains in ``pending``
 (`on_drained`), the policy plans the next batch (`_start_step`): retracted requests go back to
@@ -25,6 +24,9 @@ Because the next step starts only once the mailbox is empty, any `AbortRequest` 
 arrived while a step was running is applied before the next step: an aborted request leaves
 at once (its client gets `finish_reason: abort` right away), and its blocks are freed when
 the in-flight step returns — never while the worker thread may still read its block table.
+
+Pause, continue, flush and idle waits are in `scheduler_control.py`; memory release and resume
+in `scheduler_memory.py`; LoRA adapters in `scheduler_lora.py`.
 """
 
 from __future__ import annotations
