@@ -264,7 +264,7 @@ async def test_health_checks_are_control_records_and_embedding_engines_probe_by_
             recs = [r for r in actor_of(rt, "control").history if r.op == "health_generate"]
             assert [r.state.name for r in recs] == ["applied", "applied"]
             paths = [[e.event for e in rec.events(rid=r.rid, kind="control")] for r in recs]
-            assert paths == [["create", "wait", "apply"], ["create", "apply"]]
+            assert paths == [["create", "probe", "apply"], ["create", "apply"]]
             await rt.control(ServerEvent("drain", "test"))
             r = await http.get("/health_generate")
             assert r.status == 503 and "draining" in (await r.json())["reason"]

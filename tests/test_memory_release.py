@@ -277,7 +277,7 @@ async def test_the_spill_is_a_private_safetensors_file_and_a_failed_spill_frees_
         held = mr.memory_bytes(rt.engine)["weights"]
         packed = mr._packed_bytes(rt.engine.model)       # oneDNN's layout: packed again at the resume
         await _post(http, "/release_memory_occupation", {"tags": ["weights"]})
-        spill = actor_of(rt, "scheduler")._weights_held.spill
+        spill = actor_of(rt, "scheduler").memory.weights_held.spill
         assert spill is not None and not os.path.exists(spill.name if isinstance(spill.name, str) else "")
         fd = spill.fileno()
         (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
@@ -287,7 +287,7 @@ async def test_the_spill_is_a_private_safetensors_file_and_a_failed_spill_frees_
         assert sum(v["shape"][0] for v in entries.values()) == held - packed    # every other byte
         assert os.fstat(fd).st_size == 8 + n + held - packed
         await _post(http, "/resume_memory_occupation", {"tags": ["weights"]})
-        assert actor_of(rt, "scheduler")._weights_held is None and spill.closed
+        assert actor_of(rt, "scheduler").memory.weights_held is None and spill.closed
         # a spill that cannot be written: nothing is freed, the weights serve on
         def full(*a, **k):
             raise OSError(28, "No space left on device")

@@ -79,7 +79,7 @@ async def test_every_abort_is_a_control_record_with_its_reason_across_schedulers
     await rt.quiesce()
     recs = [e for e in rec.events(kind="control") if e.event == "create"]
     assert [e.data["op"] for e in recs] == ["abort_request"]
-    assert [e.dst for e in rec.events(rid=recs[0].rid, kind="control")] == ["received", "applied"]
+    assert [e.dst for e in rec.events(rid=recs[0].rid, kind="control")] == ["received", "asking", "applied"]
     inp = [e for e in rec.events(kind="input") if e.event == "control"]
     assert inp[0].data == {"op": "AbortRequest", "args": {"rid": g.rid, "prefix": False,
                                                           "abort_all": False, "reason": "client went away",
@@ -115,7 +115,7 @@ async def test_a_control_that_fails_in_the_scheduler_ends_rejected_after_many_co
     await rt.quiesce()
     assert not res.ok and "disk on fire" in res.message
     last = [e for e in rec.events(kind="control") if e.event == "create"][-1]
-    assert [e.dst for e in rec.events(rid=last.rid, kind="control")] == ["received", "rejected"]
+    assert [e.dst for e in rec.events(rid=last.rid, kind="control")] == ["received", "asking", "rejected"]
     assert actor_of(rt, "control").open == {}
     await rt.shutdown()
 

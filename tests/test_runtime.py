@@ -265,18 +265,26 @@ async def test_flush_refused_when_busy_waits_with_timeout_and_times_out():
     await rt.quiesce()
     flushes = [e.rid for e in rec.events(kind="control") if e.event == "create" and e.data["op"] == "flush_cache"]
     paths = [[e.dst for e in rec.events(rid=rid, kind="control")] for rid in flushes]
-    # busy without a timeout: refused; the timed one waits and applies; a second timed one while
-    # the first waits is refused at once
-    assert paths == [["received", "rejected"], ["received", "waiting", "applied"], ["received", "rejected"]]
+    # busy without a timeout: asked, refused; the timed one is busy, waits for idle, asks again
+    # and applies; a second timed one while the first waits is refused at once
+    assert paths == [["received", "asking", "rejected"],
+                     ["received", "asking", "waiting_idle", "asking", "applied"], ["received", "rejected"]]
+    events = [[e.event for e in rec.events(rid=rid, kind="control")] for rid in flushes]
+    assert events[1] == ["create", "ask", "busy", "retry", "apply"]
     # time out: the engine stays busy longer than the timeout
     gate.clear()
     h2 = rt.generate([7, 8], SamplingParams(max_new_tokens=1))
     pending = rt.control(FlushCache(timeout_s=2))
     # a step blocked in its thread keeps `quiesce` from returning: wait on the record instead
-    await until(lambda: any(e.event == "wait" for e in rec.events(kind="control")[-3:]), poll=0)
+    def waits_for_idle() -> bool:      # the newest flush record answered busy
+        last = [e for e in rec.events(kind="control") if e.event == "create"][-1]
+        return last.rid not in flushes and any(e.event == "busy" for e in rec.events(rid=last.rid, kind="control"))
+    await until(waits_for_idle, poll=0)
     clock.advance(2.0)                             # the timeout's timer is armed: fire it
     res = await pending
     assert not res.ok and "timed out" in res.message
+    last = [e for e in rec.events(kind="control") if e.event == "create"][-1]
+    assert [e.event for e in rec.events(rid=last.rid, kind="control")] == ["create", "ask", "busy", "time_out"]
     gate.set()
     await h2.stream.final()
     await rt.quiesce()

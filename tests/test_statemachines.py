@@ -144,8 +144,17 @@ ACCEPTED = [
     (GENERATION, "fail", {}, "failed"),
     (POOLING, "schedule forward_chunk forward_done deliver", {}, "done"),
     (POOLING, "schedule retract schedule forward_done abort", {}, "aborted"),
-    (CONTROL, "wait apply", {}, "applied"),
+    (CONTROL, "ask apply", {}, "applied"),
     (CONTROL, "reject", {}, "rejected"),
+    # an abort asked of three schedulers: two answers, then the last one ends it
+    (CONTROL, "ask answered answered apply", {}, "applied"),
+    # a flush with a timeout: busy, waits for idle, asks again; or its timeout runs out
+    (CONTROL, "ask busy retry apply", {}, "applied"),
+    (CONTROL, "ask busy time_out", {}, "rejected"),
+    # a weight update: read off the loop, asked, busy, retried; a drain waits for each idle
+    (CONTROL, "work ask busy retry apply", {}, "applied"),
+    (CONTROL, "wait_idle answered apply", {}, "applied"),
+    (CONTROL, "probe reject", {}, "rejected"),
     (SERVER, "ready drain stop", {}, "stopped"),
     (SERVER, "ready drain", {}, "draining"),
     (HEALTH, "stall recover stall", {}, "unhealthy"),
@@ -171,7 +180,10 @@ REFUSED = [
     (GENERATION, "resume_decode", "resume_decode"),
     (GENERATION, "retract", "retract"),                     # nothing to retract in the queue
     (POOLING, "schedule deliver", "deliver"),
-    (CONTROL, "wait wait", "wait"),
+    (CONTROL, "ask ask", "ask"),                            # asked once; its answers come back
+    (CONTROL, "ask retry", "retry"),                        # only a record waiting for idle retries
+    (CONTROL, "probe busy", "busy"),
+    (CONTROL, "time_out", "time_out"),                      # only what waits for an answer times out
     (SERVER, "drain stop ready", "ready"),                  # stopped is terminal
     (SERVER, "ready drain ready", "ready"),
     (HEALTH, "recover", "recover"),

@@ -287,10 +287,10 @@ async def test_an_update_waits_for_the_step_barrier(folders):
         running = asyncio.ensure_future(http.post("/generate", json=_gen(max_new=6)))
         assert await asyncio.to_thread(stall.started.wait, 30)
         update = asyncio.ensure_future(http.post("/update_weights_from_disk", json={"model_path": str(new)}))
-        await until(lambda: any(r.op == "update_weights_from_disk" and r.state.name == "waiting"   # busy:
+        await until(lambda: any(r.op == "update_weights_from_disk" and r.state.name == "waiting_idle"   # busy:
                                 for r in actor_of(rt, "control").open.values()), timeout=30)     # the record waits
         assert [r.state.name for r in actor_of(rt, "control").open.values()
-                if r.op == "update_weights_from_disk"] == ["waiting"]
+                if r.op == "update_weights_from_disk"] == ["waiting_idle"]
         assert not update.done() and actor_of(rt, "control").weights.state.name == "updating"
         stall.release()
         r = await running

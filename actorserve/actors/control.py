@@ -1,15 +1,20 @@
 """The control actor: applies control requests at once, each through its own lifecycle.
 
 Control requests are not generation requests with an odd route. Each one becomes a
-`ControlRecord` walking the control lifecycle ``received -> applied | rejected`` (a flush
-with a timeout, a health probe and an abort that reaches several schedulers pass through
-``waiting``), and reaches the schedulers as messages that become transitions of the request
-machines. Every abort goes through here — the `/abort_request` route, a client that
-disconnected, a health probe that timed out, a pooling request's caller that left — so each
-one is a recorded control request with its reason.
+`ControlRecord` walking the CONTROL lifecycle, whose states are what the operation is doing:
+``received`` (refused or applied at once), ``asking`` (it asked its actors and waits for their
+answers: one per scheduler for an abort, each but the last ``answered``), ``waiting_idle`` (a
+scheduler answered busy, or a drain: it waits for their idle answer and asks again with
+``retry``), ``working`` (a weight update's read, a trainer group's join, off the loop) and
+``probing`` (a /health_generate probe), then ``applied | rejected`` (``time_out``: a flush's
+timeout ran out). What an answer means is per operation, in two tables (`_on_answer`,
+`_on_idle`: op -> handler), never a switch on the op's name. Every abort goes through here
+(`/abort_request`, a client that left, a health probe that timed out): each one is a recorded
+control request with its reason.
 
-The served weights are the WEIGHTS lifecycle, handled by the `WeightsControl` base
-(`weights_control`; a trainer's process group by `WeightsGroupControl`, `weights_distributed`); memory release and resume per tag the MEMORY lifecycle (`memory_control`). The control actor also owns the server's two orthogonal regions: the SERVER lifecycle
+The served weights are the WEIGHTS lifecycle (`weights_control`, `weights_distributed`); memory
+release and resume per tag the MEMORY lifecycle (`memory_control`). The control actor also owns
+the server's two orthogonal regions: the SERVER lifecycle
 (``starting -> serving -> draining -> stopped``) and the HEALTH lifecycle (``healthy <->
 unhealthy``, moved by the watchdog's `HealthVerdict`). Whether generation is paused is not a
 state here: pause lives in one machine, the generation scheduler's (``paused_<mode>``), and
@@ -46,10 +51,13 @@ from .weights_control import WEIGHT_OPS, WeightsModel
 from .lora_control import LoraControl
 
 S = ServerState
+C = ControlState
+_ASK = {C.received: "ask", C.working: "ask", C.waiting_idle: "retry"}   # the event of asking, by state
+_AWAIT_IDLE = {C.received: "wait_idle", C.asking: "busy"}            # the event of waiting for idle
 
 
 class ControlRecord:
-    __slots__ = ("rid", "op", "state", "result", "reply", "parts", "matched", "idle_left", "msg", "data")
+    __slots__ = ("rid", "op", "state", "result", "reply", "expected", "matched", "msg", "data")
 
     def __init__(self, rid: str, op: str, reply: asyncio.Future[ControlResult] | None) -> None:
         self.rid = rid
@@ -57,10 +65,9 @@ class ControlRecord:
         self.state = CONTROL.initial
         self.result: ControlResult | None = None
         self.reply = reply          # the caller's future (None: the answer is the handler's return)
-        self.parts = 0              # answers still expected (abort: one per scheduler)
+        self.expected = 0           # answers still expected (asking, waiting_idle): one per actor asked
         self.matched: list[str] = []   # abort: rids the schedulers matched so far
-        self.msg: Any = None        # abort: the request
-        self.idle_left = 0          # drain: schedulers not idle yet
+        self.msg: Any = None        # the request (abort, flush, weights, memory)
         self.data: Any = None       # a weight update: the checked tensors until they are applied
 
 
@@ -100,6 +107,13 @@ class ControlActor(MemoryControl, LoraControl):
         self._ids = itertools.count(1)
         self.open: dict[str, ControlRecord] = {}           # records not ended yet, by rid
         self.history: deque[ControlRecord] = deque(maxlen=32)   # the last ended, for /server_info
+        # what an answer means, per operation (the default: it is the record's result)
+        self._on_answer = {"abort_request": self._abort_answered, "flush_cache": self._flush_answered,
+                           **dict.fromkeys(WEIGHT_OPS, self._weights_done),
+                           **dict.fromkeys(MEMORY_OPS, self._memory_done)}
+        # what a scheduler's idle answer (`SchedulerIdle`) means, per operation
+        self._on_idle = {"flush_cache": self._flush_again, "drain": self._drain_idle,
+                         **dict.fromkeys(WEIGHT_OPS, self._weights_idle)}
 
     # -- helpers -------------------------------------------------------------------------------
     @property
@@ -124,9 +138,10 @@ class ControlActor(MemoryControl, LoraControl):
         self.open[rec.rid] = rec
         return rec
 
-    def _end(self, rec: ControlRecord, result: ControlResult) -> Any:
-        """The record's final transition; answers its caller. Returns what a handler returns."""
-        CONTROL.fire(rec, "apply" if result.ok else "reject", observer=self._rec)
+    def _end(self, rec: ControlRecord, result: ControlResult, event: str | None = None) -> Any:
+        """The record's final transition (``apply``, ``reject``, or `event`); answers its caller.
+        Returns what a handler returns."""
+        CONTROL.fire(rec, event or ("apply" if result.ok else "reject"), observer=self._rec)
         rec.result = result
         self.open.pop(rec.rid, None)
         self.history.append(rec)
@@ -136,16 +151,39 @@ class ControlActor(MemoryControl, LoraControl):
             self._reply(rec.reply, result)
         return rec.reply
 
-    def _wait(self, rec: ControlRecord) -> None:
-        if CONTROL.can(rec.state, "wait"):
-            CONTROL.fire(rec, "wait", observer=self._rec)
+    def _fire(self, rec: ControlRecord, event: str) -> None:
+        CONTROL.fire(rec, event, observer=self._rec)
 
     def _ask(self, rec: ControlRecord, target: ActorRef, message: Any) -> None:
-        """Ask `target`; its answer comes back to us as `ControlDone` for this record."""
+        self._ask_all(rec, (target,), message)
+
+    def _ask_all(self, rec: ControlRecord, targets: Any, message: Any) -> None:
+        """``-> asking`` (``retry`` from waiting_idle): ask each target; each answer comes back
+        to us as a `ControlDone` for this record."""
         assert self.system is not None
-        rec.parts += 1
+        self._fire(rec, _ASK[rec.state])
         rid = rec.rid
-        self.system.pipe(target.ask(message), self, wrap=lambda res, err: ControlDone(rid, res, err))
+        for target in targets:
+            rec.expected += 1
+            self.system.pipe(target.ask(message), self, wrap=lambda res, err: ControlDone(rid, res, err))
+
+    def _await_idle(self, rec: ControlRecord, scheds: Any) -> None:
+        """``-> waiting_idle`` (``busy`` from asking, ``wait_idle`` from received): ask each
+        scheduler `WhenIdle`; each answer comes back as a `SchedulerIdle` for this record."""
+        assert self.system is not None
+        self._fire(rec, _AWAIT_IDLE[rec.state])
+        rid = rec.rid
+        for sched in scheds:
+            rec.expected += 1
+            self.system.pipe(sched.ask(WhenIdle()), self,
+                             wrap=lambda res, err, name=sched.name: SchedulerIdle(rid, name, err))
+
+    def _more_answers(self, rec: ControlRecord) -> bool:
+        """One answer is in: with more to come, ``answered`` (the record stays where it is)."""
+        if rec.expected > 0:
+            self._fire(rec, "answered")
+            return True
+        return False
 
     def _server_fire(self, event: str) -> None:
         SERVER.fire(self.server, event, observer=self._rec)
@@ -161,11 +199,17 @@ class ControlActor(MemoryControl, LoraControl):
         targets = self._schedulers()
         if not targets:
             return self._end(rec, self._aborted(rec))
-        if len(targets) > 1:
-            self._wait(rec)
-        for sched in targets:
-            self._ask(rec, sched, msg)
+        self._ask_all(rec, targets, msg)
         return rec.reply
+
+    def _abort_answered(self, rec: ControlRecord, res: Any, error: BaseException | None) -> None:
+        """A scheduler's rids; the last one's answer ends the record with them all."""
+        if error is not None:
+            self._failed(rec, error)
+            return
+        rec.matched.extend(res)
+        if not self._more_answers(rec):
+            self._end(rec, self._aborted(rec))
 
     def _aborted(self, rec: ControlRecord) -> ControlResult:
         """Every scheduler answered. A request whose result is known but not yet taken by its
@@ -203,21 +247,31 @@ class ControlActor(MemoryControl, LoraControl):
         if self.pause_mode == "in_place":
             return self._end(rec, ControlResult(False, "cannot flush while paused in_place: the KV is kept"))
         if msg.timeout_s and msg.timeout_s > 0:
-            if any(r.op == "flush_cache" and r.state is ControlState.waiting for r in self.open.values()):
+            if any(r.op == "flush_cache" and r.msg.timeout_s for r in self.open.values() if r is not rec):
                 return self._end(rec, ControlResult(False, "another flush is already waiting for idle"))
-            self._wait(rec)
             assert self.system is not None
             rid = rec.rid
             self.system.call_later(msg.timeout_s, lambda: self.tell(FlushTimeout(rid)) if self.alive else None,
                                    f"{rid}:flush_timeout")
+        rec.msg = msg
         self._ask(rec, self.scheduler, Flush())
         return rec.reply
+
+    def _flush_answered(self, rec: ControlRecord, res: Any, error: BaseException | None) -> None:
+        """Busy, with a timeout: wait for idle and flush again then; else the answer is the result."""
+        if error is None and not res.ok and "busy" in res.detail and rec.msg.timeout_s:
+            self._await_idle(rec, (self.scheduler,))
+        else:
+            self._answered(rec, res, error)
+
+    def _flush_again(self, rec: ControlRecord) -> None:
+        self._ask(rec, self.scheduler, Flush())
 
     @handles(FlushTimeout)
     def _flush_timeout(self, msg: FlushTimeout) -> None:
         rec = self.open.get(msg.rid)
         if rec is not None:
-            self._end(rec, ControlResult(False, "timed out waiting for the engine to become idle"))
+            self._end(rec, ControlResult(False, "timed out waiting for the engine to become idle"), "time_out")
 
     @handles(OpenSession, CloseSession)
     def _session(self, msg: Any) -> Any:
@@ -244,7 +298,7 @@ class ControlActor(MemoryControl, LoraControl):
                                                 {"probe": False, "record": rec.rid}))
         if state is not S.serving:
             return self._end(rec, ControlResult(False, f"server is {state.name}", {"record": rec.rid}))
-        self._wait(rec)
+        self._fire(rec, "probe")
         return ControlResult(True, "probing", {"probe": True, "record": rec.rid})
 
     @handles(HealthDone)
@@ -258,46 +312,25 @@ class ControlActor(MemoryControl, LoraControl):
         rec = self.open.get(msg.rid)
         if rec is None:
             return                  # ended meanwhile (a flush that timed out)
-        rec.parts -= 1
-        if rec.op in WEIGHT_OPS:
-            self._weights_done(rec, msg.result, msg.error)
-            return
-        if rec.op in MEMORY_OPS:
-            self._memory_done(rec, msg.result, msg.error)
-            return
-        if msg.error is not None:
-            self._end(rec, ControlResult(False, f"{rec.op} failed: {type(msg.error).__name__}: {msg.error}"))
-            return
-        res = msg.result
-        if rec.op == "abort_request":
-            rec.matched.extend(res)
-            if rec.parts == 0:
-                self._end(rec, self._aborted(rec))
-            return
-        if rec.op == "flush_cache" and not res.ok and rec.state is ControlState.waiting \
-                and "busy" in res.detail:
-            self._ask_idle(rec, self.scheduler)      # busy: flush again once it is idle
-            return
-        self._end(rec, res)
+        rec.expected -= 1
+        self._on_answer.get(rec.op, self._answered)(rec, msg.result, msg.error)
 
-    def _ask_idle(self, rec: ControlRecord, sched: ActorRef) -> None:
-        assert self.system is not None
-        rid, name = rec.rid, sched.name
-        self.system.pipe(sched.ask(WhenIdle()), self, wrap=lambda res, err: SchedulerIdle(rid, name, err))
+    def _answered(self, rec: ControlRecord, res: Any, error: BaseException | None) -> None:
+        """The one answer is the record's result (pause, continue, a flush, sessions, LoRA, ...)."""
+        if error is not None:
+            self._failed(rec, error)
+        else:
+            self._end(rec, res)
+
+    def _failed(self, rec: ControlRecord, error: BaseException) -> None:
+        self._end(rec, ControlResult(False, f"{rec.op} failed: {type(error).__name__}: {error}"))
 
     @handles(SchedulerIdle)
     def _idle(self, msg: SchedulerIdle) -> None:
         rec = self.open.get(msg.rid)
-        if rec is None:
-            return
-        if rec.op == "flush_cache":
-            self._ask(rec, self.scheduler, Flush())
-        elif rec.op in WEIGHT_OPS:
-            self._weights_idle(rec)
-        elif rec.op == "drain":
-            rec.idle_left -= 1
-            if rec.idle_left == 0:
-                self._end(rec, ControlResult(True, "drained: no request left"))
+        if rec is not None:
+            rec.expected -= 1
+            self._on_idle[rec.op](rec)
 
     # -- server lifecycle ----------------------------------------------------------------------
     @handles(ServerEvent)
@@ -323,11 +356,12 @@ class ControlActor(MemoryControl, LoraControl):
         targets = self._schedulers()
         if not targets:
             return self._end(rec, ControlResult(True, "drained: no request left"))
-        self._wait(rec)
-        rec.idle_left = len(targets)
-        for sched in targets:
-            self._ask_idle(rec, sched)
+        self._await_idle(rec, targets)
         return rec.reply
+
+    def _drain_idle(self, rec: ControlRecord) -> None:
+        if not self._more_answers(rec):
+            self._end(rec, ControlResult(True, "drained: no request left"))
 
     @handles(HealthVerdict)
     def _verdict(self, msg: HealthVerdict) -> None:

@@ -5,10 +5,9 @@ stepping -> pending | idle``, ``isolating``, ``pausing``, ``paused_<mode>``); ev
 is one of its states, fired through the machine and recorded, and a handler asks the machine
 (`_can`) rather than repeating its table in an ``if state is ...`` guard.
 
-It is built from parts handed in: the engine, the output stage, the batching policy and the
-KV's `BlockManager`, the batching window (`batch_window.BatchWindow`) and the isolation of a
-failed step (`isolation.Isolator`). What a step's answer means for each member is decided in
-one place, `step_outputs.decide`; this module only applies it.
+It is built from parts handed in: the engine, the output stage, the batching policy, the KV's
+`BlockManager`, `BatchWindow`, `PauseControl`, memory, LoRA adapters (`lora_part`), `Isolator`.
+What a step's answer means for each member is decided in `step_outputs.decide`.
 
 A step, top to bottom (the section "stepping" below): when the mailbox drains in ``pending``
 (`on_drained`), the policy plans the next batch (`_start_step`): retracted requests go back to
@@ -34,7 +33,6 @@ in `scheduler_memory.py`; LoRA adapters in `scheduler_lora.py`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -43,7 +41,7 @@ from ..engine.batching import BatchConfig
 from ..engine.block_manager import BlockManager
 from ..engine.priority import make_policy
 from ..messages import (
-    QUEUE_TIMEOUT, AbortRequest, Aborted, BatchWindowClosed, ControlResult, Failed, Forget, OutputsDone,
+    QUEUE_TIMEOUT, AbortRequest, Aborted, BatchWindowClosed, Failed, Forget, OutputsDone,
     PoolOut, PrefillProgress, Progress, ProgressQuery, QueueTimeout, Release, Retracted, Scheduled,
     StepDone, StepOutputs, Submit, TokenOut,
 )
@@ -51,10 +49,12 @@ from ..statemachines import SCHEDULER, STEP_IN_FLIGHT, SchedulerState
 from .actor import ActorRef, handles
 from .batch_window import BatchWindow
 from .isolation import Hooks, Isolator
+from .pause_control import PauseControl
+from .lora_part import SchedulerLoraPart
 from .queues import Queues
 from .output import outputs_done
 from .scheduler_control import SchedulerControl
-from .scheduler_memory import SchedulerMemory
+from .scheduler_memory import SchedulerMemory, SchedulerMemoryPart
 from .scheduler_stats import SchedulerStats, SchedulerView, batch_it_runs, setup_of, stats_of, view_of
 from .step_preempt import StepPreemption
 from .step_outputs import V, decide, limits_of, step_end_note, step_note
@@ -71,7 +71,8 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
                  block_manager: BlockManager | None = None, step_in_thread: bool = True,
                  name: str = "scheduler", batch_wait_s: float = 0.0, weight_version: str = "default",
                  window: BatchWindow | None = None, isolator: Isolator | None = None,
-                 queues: Queues | None = None) -> None:
+                 queues: Queues | None = None, pause_control: PauseControl | None = None,
+                 memory: SchedulerMemoryPart | None = None, adapters: SchedulerLoraPart | None = None) -> None:
         super().__init__(name)
         self.weight_version = weight_version  # the label of the weights its steps run with now
         self.step_version = weight_version    # the label of the step in flight (or the last one)
@@ -95,8 +96,8 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         self.actors, self.inflight, self._free_after_step = q.actors, q.inflight, q.free_after_step
         self.queue_timeouts = 0              # requests ended by --max-queue-time
         self.step_id = 0
-        self._pending_pause: tuple[str, asyncio.Future[ControlResult]] | None = None
-        self._idle_waiters: list[asyncio.Future[bool]] = []
+        self.pause_control = pause_control or PauseControl()   # pause, flush, idle waits (pause_control.py)
+        self.memory = memory or SchedulerMemoryPart()          # memory release / resume (scheduler_memory.py)
         self.generated_tokens = 0      # business traffic only: probes are not counted
         self.prompt_tokens = 0
         self.steps_done = 0            # completed model steps (the watchdog's progress signal)
@@ -107,7 +108,7 @@ class SchedulerActor(SchedulerMemory, SchedulerControl):
         # each step until the recording says it came back. Called (self, fn, batch, wrap=...).
         self.runner: Any = None
         self.preemption = StepPreemption(engine)   # giving the step in flight up (step_preempt)
-        self._init_lora()                # LoRA adapters: their lifecycle and holds (scheduler_lora)
+        self._init_lora(adapters)        # LoRA adapters: their lifecycle and holds (lora_part)
 
     @property
     def batch_wait_s(self) -> float:

@@ -1,24 +1,10 @@
-"""Pause, continue, flush and idle waits: the part of the scheduler that the control plane drives.
+"""The scheduler's control handlers: pause, continue, flush and idle waits (thin: they call the
+`PauseControl` part, `pause_control.py`, with the `PauseHooks` it may act through), and the
+weights (`LoadWeights`, `SetWeightVersion`, `GetWeightsByName`).
 
-Every phase is a state of the SCHEDULER lifecycle (`statemachines.lifecycles`), fired on the
-scheduler actor itself, so the diagram, the recording and the code agree:
-
-* `Pause(mode)` with no step in flight goes ``idle | pending | windowing -> paused_<mode>`` at
-  once. `abort` aborts everything in flight; `retract` frees all KV and puts running requests back
-  at the front of the queue (recomputed on continue); `in_place` forms no new batch and keeps the
-  KV. While paused in any mode new requests queue up.
-* A pause that arrives while a step runs goes ``stepping -> pausing``: it takes effect at the
-  step boundary (`_apply_pending_pause`, after the output stage has answered), and its reply
-  waits for it. A `Continue` before then cancels it (``pausing -> stepping``).
-* `Pause("wait")` (vLLM's ``/pause?mode=wait``) drains first: no request is admitted from the
-  queue any more, the running ones go on stepping, each drain step ``pending -> pausing``
-  (``drain_step``) so that the pause stays pending across steps, and when none is left running the
-  pause applies as ``retract`` (nothing is left to retract: the queued requests stay queued and run
-  on continue). Its reply waits for that.
-* `Continue` goes ``paused_<mode> -> pending | idle``.
 * `LoadWeights` copies weights already read and checked off the loop (by the control actor)
   into the engine in place (`engine.refit.apply_checked`) when no step is in flight and no
-  request holds KV (else answers busy, and the control actor waits for idle as a flush does).
+  request holds KV (else answers busy, and the control record waits for idle as a flush does).
   It flushes the prefix cache first, then runs the copy where the steps run: on their worker
   thread, queued so that the next step starts after it (its outcome comes back to the scheduler
   as `WeightsApplied`), or inline when steps run inline. No forward mixes two weight versions
@@ -30,16 +16,9 @@ scheduler actor itself, so the diagram, the recording and the code agree:
   (every later step runs after the copy; a copy that fails puts the old label back);
   `SetWeightVersion` (a rename) relabels the steps that start from then on. Each change is on
   the recording (a ``sched``/``weight_version`` note, between the steps it separates).
-* `Flush` clears the prefix cache when no request holds KV and no step is in flight (requests
-  that only wait in the queue hold none), else answers busy; waiting for
-  idle is the control record's `waiting` state, not the scheduler's: the control actor asks
-  `WhenIdle` and flushes again when the answer comes. `WhenIdle` is answered the moment the
-  scheduler has no request and no step (a waiting flush, a drain).
 
-`SchedulerControl` is the scheduler actor's base class; the state it reads (the `Queues` part,
-the block manager, the step in flight) belongs to `SchedulerActor`. Its guards ask the
-SCHEDULER table (`_can`): a pause is deferred where ``defer_pause`` leaves the state (a step or
-an isolation in flight), refused as pending where ``cancel_pause`` does.
+`SchedulerControl` is a base of `SchedulerActor`; the state it reads (the `Queues` part, the
+block manager, the step in flight) is the actor's. Guards ask the SCHEDULER table (`_can`).
 """
 
 from __future__ import annotations
@@ -48,11 +27,12 @@ import asyncio
 from typing import Any
 
 from ..messages import (
-    AbortRequest, Continue, ControlResult, Flush, GetWeightsByName, LoadWeights, Pause, Paused, Resumed,
-    Retracted, SetWeightVersion, WeightsApplied, WhenIdle,
+    AbortRequest, Continue, ControlResult, Flush, GetWeightsByName, LoadWeights, Pause, SetWeightVersion,
+    WeightsApplied, WhenIdle,
 )
-from ..statemachines import PAUSE_MODES, PAUSED_MODE, SCHEDULER, STEP_IN_FLIGHT, SchedulerState
+from ..statemachines import PAUSED_MODE, SCHEDULER, STEP_IN_FLIGHT, SchedulerState
 from .actor import handles
+from .pause_control import PauseControl, PauseHooks
 from .scheduler_lora import SchedulerLora
 
 
@@ -65,9 +45,8 @@ class SchedulerControl(SchedulerLora):
     lane: Any               # a `Lane`
     seqs: dict[str, Any]
     bm: Any
-    _pending_pause: tuple[str, asyncio.Future[ControlResult]] | None
-    _idle_waiters: list[asyncio.Future[bool]]
-    pause_retractions = 0   # running requests retracted by pause(retract) (a counter, per instance)
+    pause_control: PauseControl   # pause, continue, flush, idle waits (pause_control.py)
+    _pause_hooks: PauseHooks | None = None
     step_in_thread: bool
     runner: Any             # re-execution's step holder (steps then never reach the step thread)
     engine: Any
@@ -76,7 +55,7 @@ class SchedulerControl(SchedulerLora):
     _label_before: str | None = None   # the label to put back if the queued copy fails
     # re-execution's holder of a weight copy (called like `runner`; None: the step thread or inline)
     load_runner: Any = None
-    # and its `_abort(AbortRequest)`, `_tell(rid, message)`, `_cancel_window()`, `_settle()`
+    # and its `_abort(AbortRequest)`, `_tell(rid, message)`, `_cancel_window()`, `_settle()`, `_start_step()`
 
     def fire(self, event: str) -> None:
         rec = self.system.recorder if self.system is not None else None
@@ -96,114 +75,54 @@ class SchedulerControl(SchedulerLora):
         """No request and no step in flight (paused or not)."""
         return not self.seqs and self.state not in STEP_IN_FLIGHT
 
-    # -- pause / continue ----------------------------------------------------------------------
-    @handles(Pause)
-    def _pause(self, msg: Pause) -> Any:
-        if msg.mode not in PAUSE_MODES and msg.mode != "wait":
-            return ControlResult(False, f"unknown pause mode {msg.mode!r}; use one of {PAUSE_MODES + ('wait',)}")
-        if self.paused_mode is not None:
-            return ControlResult(False, f"already paused ({self.paused_mode}); continue first")
-        if self._can("cancel_pause"):
-            return ControlResult(False, "a pause is already pending")
-        if self._can("defer_pause"):  # a step is in flight: take effect at its boundary
-            fut = asyncio.get_running_loop().create_future()
-            self._pending_pause = (msg.mode, fut)
-            self.fire("defer_pause")
-            return fut
-        if msg.mode == "wait" and self.running:   # between steps: drain from here
-            if self._can("window_closed"):
-                self._cancel_window()
-                self.fire("window_closed")
-            fut = asyncio.get_running_loop().create_future()
-            self._pending_pause = (msg.mode, fut)
-            self._drain_or_pause()
-            return fut
-        return self._apply_pause(msg.mode)
+    # -- pause / continue / flush / idle: the PauseControl part ---------------------------------
+    @property
+    def pause_retractions(self) -> int:
+        return self.pause_control.retractions
 
-    def _drain_or_pause(self) -> None:
-        """A wait pause at a step boundary (``pending``): step the running requests again,
-        admitting none, or, with none left running, apply the pause."""
-        assert self._pending_pause is not None
-        if self.running and self._start_step(drain=True):
-            return
-        self._settle_pending_pause()
+    @property
+    def _ph(self) -> PauseHooks:
+        """What the pause part may do here (built once: bound methods and the running list)."""
+        h = self._pause_hooks
+        if h is None:
+            assert self.system is not None
+            loop = self.system.loop
+            h = self._pause_hooks = PauseHooks(
+                can=self._can, fire=self.fire, paused_mode=lambda: self.paused_mode,
+                in_flight=lambda: self.state in STEP_IN_FLIGHT, idle=lambda: self.idle,
+                running=self.running, requeue=self.queues.requeue, free_kv=self.bm.free,
+                flush_kv=lambda: self.bm.flush(),
+                abort_all=lambda: len(self._abort(AbortRequest(abort_all=True))), tell=self._tell,
+                close_window=self._close_window, drain_step=lambda: self._start_step(drain=True),
+                settle=self._settle, future=loop.create_future, reply=self._reply)
+        return h
 
-    def _settle_pending_pause(self) -> None:
-        """Apply the pause that waited and answer whoever asked for it."""
-        assert self._pending_pause is not None
-        mode, fut = self._pending_pause
-        self._pending_pause = None
-        res = self._apply_pause(mode)
-        if not fut.done():
-            self._reply(fut, res)
-
-    def _apply_pause(self, mode: str) -> ControlResult:
-        asked = mode
-        if mode == "wait":                 # drained: nothing runs; the queue waits for continue
-            mode = "retract"
-        if self._can("window_closed"):      # the window ends: nothing will be stepped now
+    def _close_window(self) -> None:
+        if self._can("window_closed"):
             self._cancel_window()
             self.fire("window_closed")
-        n = len(self.running)
-        if mode == "abort":
-            n = len(self._abort(AbortRequest(abort_all=True)))
-        self.fire(f"pause_{mode}")
-        if mode == "retract":
-            self.pause_retractions += len(self.running)
-            for seq in self.running:
-                self.bm.free(seq)
-                self._tell(seq.rid, Retracted(seq.rid, "pause"))
-            self.queues.requeue(self.running)   # a probe back to the probe lane, the rest to theirs
-            self.running.clear()
-        elif mode == "in_place":  # a pooling forward has no paused state: it just is not stepped
-            for seq in self.running:
-                if seq.pooling is None:
-                    self._tell(seq.rid, Paused(seq.rid))
-        detail = {"mode": mode, "affected": n}
-        if asked != mode:
-            detail["asked"] = asked
-        return ControlResult(True, f"paused ({asked})", detail)
+
+    @handles(Pause)
+    def _pause(self, msg: Pause) -> Any:
+        return self.pause_control.pause(msg.mode, self._ph)
 
     @handles(Continue)
     def _continue(self, msg: Continue) -> ControlResult:
-        if self._can("cancel_pause"):  # not applied yet: cancel it, nothing to resume
-            assert self._pending_pause is not None
-            _, fut = self._pending_pause
-            self._pending_pause = None
-            self.fire("cancel_pause")
-            if not fut.done():
-                self._reply(fut, ControlResult(False, "pause cancelled by continue_generation"))
-            return ControlResult(True, "continued (a pending pause was cancelled)", {"was": None})
-        mode = self.paused_mode
-        if mode is None:
-            return ControlResult(True, "was not paused", {"was": None})
-        self.fire("resume")
-        if mode == "in_place":
-            for seq in self.running:
-                if seq.pooling is None:
-                    self._tell(seq.rid, Resumed(seq.rid, seq.prefill_complete))
-        self._settle()
-        self._check_idle()
-        return ControlResult(True, "continued", {"was": mode})
+        return self.pause_control.resume(self._ph)
 
     def _apply_pending_pause(self) -> None:
-        """The step is over (its outputs decided): a pause that waited for it applies now."""
-        if self._pending_pause is not None:
-            if self._pending_pause[0] == "wait":
-                self._drain_or_pause()
-            else:
-                self._settle_pending_pause()
+        self.pause_control.step_over(self._ph)
 
-    # -- flush and idle ------------------------------------------------------------------------
     @handles(Flush)
     def _flush(self, msg: Flush) -> ControlResult:
-        if self.paused_mode == "in_place":
-            return ControlResult(False, "cannot flush while paused in_place: the KV is kept")
-        if self.running or self.state in STEP_IN_FLIGHT:
-            return ControlResult(False, f"engine busy: {len(self.running)} requests hold KV",
-                                 {"busy": len(self.running)})
-        n = self.bm.flush()          # queued requests hold no KV: they match prefixes when admitted
-        return ControlResult(True, "prefix cache flushed", {"freed_blocks": n})
+        return self.pause_control.flush(self._ph)
+
+    @handles(WhenIdle)
+    def _when_idle(self, msg: WhenIdle) -> Any:
+        return self.pause_control.when_idle(self._ph)
+
+    def _check_idle(self) -> None:
+        self.pause_control.check_idle(self._ph)
 
     # -- weights -------------------------------------------------------------------------------
     @handles(LoadWeights)
@@ -290,31 +209,9 @@ class SchedulerControl(SchedulerLora):
             return ControlResult(False, str(exc))
         return ControlResult(True, msg.name, {"values": values})
 
-    @handles(WhenIdle)
-    def _when_idle(self, msg: WhenIdle) -> Any:
-        if self.idle:
-            return True
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._idle_waiters.append(fut)
-        return fut
-
-    def _check_idle(self) -> None:
-        """Called wherever the last request may have left: answer who waits for idle."""
-        if self._idle_waiters and self.idle:
-            waiters, self._idle_waiters = self._idle_waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    self._reply(fut, True)
-
     def _answer_waiters(self, why: str) -> None:
-        """Teardown: a pending pause or an idle wait will never happen."""
-        if self._pending_pause is not None and not self._pending_pause[1].done():
-            self._reply(self._pending_pause[1], ControlResult(False, why))
-        self._pending_pause = None
+        """Teardown: a pending pause, a weight copy or an idle wait will never happen."""
         if self._loading is not None and not self._loading[2].done():
             self._reply(self._loading[2], ControlResult(False, why))
         self._loading = None
-        for fut in self._idle_waiters:
-            if not fut.done():
-                self._reply(fut, False)
-        self._idle_waiters = []
+        self.pause_control.teardown(why, self._ph)

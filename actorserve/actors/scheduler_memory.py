@@ -1,4 +1,6 @@
-"""Memory release and resume: the scheduler's part (`SchedulerMemory`, a base of `SchedulerActor`).
+"""Memory release and resume: the scheduler's part (`SchedulerMemoryPart`, handed to
+`SchedulerActor` as `memory=` and acting through its `MemoryHooks`; the handlers are on
+`SchedulerMemory`, a base of the actor).
 
 The control actor walks each tag through the MEMORY lifecycle (`actors.memory_control`); the
 scheduler does the work, at its barrier:
@@ -20,7 +22,7 @@ together (each answers the other busy).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from ..messages import ControlResult
 from ..messages_memory import FreeMemory, MemoryApplied, RestoreMemory
@@ -67,70 +69,75 @@ def resume_on_step_thread(engine: Any, tags: tuple[str, ...], held: Any,
     return _per_tag(tags, [(WEIGHTS, weights), (KV, lambda: mr.resume_kv(engine))]), held
 
 
-class SchedulerMemory(Actor):
-    # owned by SchedulerActor / SchedulerControl
-    state: SchedulerState
-    running: list[Any]
-    bm: Any
-    engine: Any
-    step_in_thread: bool
-    runner: Any
-    _loading: Any
-    released: frozenset[str] = frozenset()       # tags whose memory is not in place: no step starts
-    _weights_held: Any = None                    # `memory_release.WeightsHeld` while weights are out
-    _memory_op: tuple[str, tuple[str, ...], dict[str, Any], asyncio.Future[ControlResult]] | None = None
-    # and its `_settle()`, `_check_idle()`
+class MemoryHooks(NamedTuple):
+    """What the memory part may read and do on its scheduler, and nothing more."""
+    engine: Any                                  # the engine whose memory is released
+    holding: Callable[[], int | None]            # requests holding KV (None: none, no step in flight)
+    loading: Callable[[], bool]                  # a weight copy is under way
+    flush_kv: Callable[[], int]                  # clear the prefix cache; answers the blocks freed
+    inline: Callable[[], bool]                   # the work runs here (steps run inline, or re-execution)
+    on_step_thread: Callable[..., None]          # (op, fn, *args): run fn there; `MemoryApplied` comes back
+    back: Callable[[], None]                     # every tag is in place again: plan, answer idle waiters
+    future: Callable[[], asyncio.Future[Any]]
+    reply: Callable[[asyncio.Future[Any], Any], None]
 
-    @handles(FreeMemory)
-    def _free_memory(self, msg: FreeMemory) -> Any:
-        if self._memory_op is not None or self._loading is not None:
+
+class SchedulerMemoryPart:
+    """Memory release and resume, one of the parts a scheduler is built from
+    (`SchedulerActor(memory=...)`): which tags are out, what the weights' release keeps, the
+    operation under way. It acts only through its `MemoryHooks`."""
+    __slots__ = ("released", "weights_held", "op")
+
+    def __init__(self) -> None:
+        self.released: frozenset[str] = frozenset()   # tags whose memory is not in place: no step starts
+        self.weights_held: Any = None                 # `memory_release.WeightsHeld` while weights are out
+        self.op: tuple[str, tuple[str, ...], dict[str, Any], asyncio.Future[ControlResult]] | None = None
+
+    def free(self, msg: FreeMemory, h: MemoryHooks) -> Any:
+        if self.op is not None or h.loading():
             return ControlResult(False, "another memory release, resume or weight copy is under way")
-        if self.state in STEP_IN_FLIGHT or self.running:
-            return ControlResult(False, f"cannot release memory while {len(self.running)} request(s) hold KV: "
+        if (n := h.holding()) is not None:
+            return ControlResult(False, f"cannot release memory while {n} request(s) hold KV: "
                                         "pause_generation with mode abort or retract first, or wait until "
-                                        "they finish", {"busy": len(self.running)})
+                                        "they finish", {"busy": n})
         tags = tuple(t for t in msg.tags if t not in self.released)
-        freed = self.bm.flush() if KV in tags else 0     # the blocks' contents are about to go
+        freed = h.flush_kv() if KV in tags else 0     # the blocks' contents are about to go
         self.released = self.released | set(tags)
-        return self._memory_run("release", tags, {"freed_blocks": freed},
-                                release_on_step_thread, self.engine, tags, msg.level)
+        return self._run("release", tags, {"freed_blocks": freed}, h, release_on_step_thread, h.engine, tags, msg.level)
 
-    @handles(RestoreMemory)
-    def _restore_memory(self, msg: RestoreMemory) -> Any:
-        if self._memory_op is not None or self._loading is not None:
+    def restore(self, msg: RestoreMemory, h: MemoryHooks) -> Any:
+        if self.op is not None or h.loading():
             return ControlResult(False, "another memory release, resume or weight copy is under way")
         tags = tuple(t for t in msg.tags if t in self.released)
-        return self._memory_run("resume", tags, {}, resume_on_step_thread, self.engine, tags,
-                                self._weights_held, msg.model_path)
+        return self._run("resume", tags, {}, h, resume_on_step_thread, h.engine, tags, self.weights_held,
+                         msg.model_path)
 
-    def _memory_run(self, op: str, tags: tuple[str, ...], extra: dict[str, Any], fn: Any, *args: Any) -> Any:
+    def _run(self, op: str, tags: tuple[str, ...], extra: dict[str, Any], h: MemoryHooks, fn: Any,
+             *args: Any) -> Any:
         """Run `fn` where the steps run (never during one: none is in flight and none starts
         while a tag is out); its outcome comes back as `MemoryApplied`."""
-        if not self.step_in_thread or self.runner is not None:
+        if h.inline():
             try:
                 res = fn(*args)
             except Exception as exc:
-                return self._memory_outcome(op, tags, extra, None, exc)
-            return self._memory_outcome(op, tags, extra, res, None)
-        assert self.system is not None
-        fut: asyncio.Future[ControlResult] = asyncio.get_running_loop().create_future()
-        self._memory_op = (op, tags, extra, fut)
-        self.system.pipe(self.system.call_on_step_thread(fn, *args), self, off_loop=True,
-                         wrap=lambda res, err: MemoryApplied(op, res, err))
+                return self._outcome(op, tags, extra, None, exc, h)
+            return self._outcome(op, tags, extra, res, None, h)
+        fut: asyncio.Future[ControlResult] = h.future()
+        self.op = (op, tags, extra, fut)
+        h.on_step_thread(op, fn, *args)
         return fut
 
-    @handles(MemoryApplied)
-    def _memory_applied(self, msg: MemoryApplied) -> None:
-        if self._memory_op is None:
+    def applied(self, msg: MemoryApplied, h: MemoryHooks) -> None:
+        if self.op is None:
             return
-        op, tags, extra, fut = self._memory_op
-        self._memory_op = None
-        res = self._memory_outcome(op, tags, extra, msg.outcome, msg.error)
+        op, tags, extra, fut = self.op
+        self.op = None
+        res = self._outcome(op, tags, extra, msg.outcome, msg.error, h)
         if not fut.done():
-            self._reply(fut, res)
+            h.reply(fut, res)
 
-    def _memory_outcome(self, op: str, tags: tuple[str, ...], extra: dict[str, Any], res: Any,
-                        error: BaseException | None) -> ControlResult:
+    def _outcome(self, op: str, tags: tuple[str, ...], extra: dict[str, Any], res: Any,
+                 error: BaseException | None, h: MemoryHooks) -> ControlResult:
         out, held = res if error is None else ({t: _failed(error) for t in tags}, None)
         for tag in tags:
             r = out.get(tag) or {"ok": False, "bytes": 0, "error": "not done"}
@@ -140,12 +147,11 @@ class SchedulerMemory(Actor):
             elif op == "resume" and r["ok"]:
                 self.released = self.released - {tag}
         if op == "release" and out.get(WEIGHTS, {}).get("ok"):
-            self._weights_held = held
+            self.weights_held = held
         elif op == "resume" and out.get(WEIGHTS, {}).get("ok"):
-            self._weights_held = None
+            self.weights_held = None
         if not self.released:
-            self._settle()
-            self._check_idle()
+            h.back()
         ok = all(out[t]["ok"] for t in tags)
         done = ", ".join(t for t in tags if out[t]["ok"]) or "nothing"
         why = "; ".join(f"{t}: {out[t]['error']}" for t in tags if not out[t]["ok"])
@@ -153,9 +159,67 @@ class SchedulerMemory(Actor):
         return ControlResult(ok, f"{verb} {done}" + (f"; failed: {why}" if why else ""),
                              {"tags": out, "released": sorted(self.released), **extra})
 
+    def teardown(self, why: str, h: MemoryHooks) -> None:
+        if self.op is not None and not self.op[3].done():
+            h.reply(self.op[3], ControlResult(False, why))
+        self.op = None
+
+
+class SchedulerMemory(Actor):
+    """The actor's memory handlers: thin, they call its `SchedulerMemoryPart` (`self.memory`)."""
+    # owned by SchedulerActor / SchedulerControl
+    state: SchedulerState
+    running: list[Any]
+    bm: Any
+    engine: Any
+    step_in_thread: bool
+    runner: Any
+    _loading: Any
+    memory: SchedulerMemoryPart
+    _memory_hooks: MemoryHooks | None = None
+    # and its `_settle()`, `_check_idle()`
+
+    @property
+    def released(self) -> frozenset[str]:
+        """Tags whose memory is not in place: no step starts (`_start_step`)."""
+        return self.memory.released
+
+    @property
+    def _mh(self) -> MemoryHooks:
+        h = self._memory_hooks
+        if h is None:
+            assert self.system is not None
+            h = self._memory_hooks = MemoryHooks(
+                engine=self.engine,
+                holding=lambda: len(self.running) if self.state in STEP_IN_FLIGHT or self.running else None,
+                loading=lambda: self._loading is not None, flush_kv=lambda: self.bm.flush(),
+                inline=lambda: not self.step_in_thread or self.runner is not None,
+                on_step_thread=self._memory_on_step_thread, back=self._memory_back,
+                future=self.system.loop.create_future, reply=self._reply)
+        return h
+
+    def _memory_on_step_thread(self, op: str, fn: Any, *args: Any) -> None:
+        assert self.system is not None
+        self.system.pipe(self.system.call_on_step_thread(fn, *args), self, off_loop=True,
+                         wrap=lambda res, err: MemoryApplied(op, res, err))
+
+    def _memory_back(self) -> None:
+        self._settle()          # type: ignore[attr-defined]
+        self._check_idle()      # type: ignore[attr-defined]
+
+    @handles(FreeMemory)
+    def _free_memory(self, msg: FreeMemory) -> Any:
+        return self.memory.free(msg, self._mh)
+
+    @handles(RestoreMemory)
+    def _restore_memory(self, msg: RestoreMemory) -> Any:
+        return self.memory.restore(msg, self._mh)
+
+    @handles(MemoryApplied)
+    def _memory_applied(self, msg: MemoryApplied) -> None:
+        self.memory.applied(msg, self._mh)
+
     def _answer_waiters(self, why: str) -> None:
         """Teardown: a release or resume under way is answered too (then `SchedulerControl`'s)."""
-        if self._memory_op is not None and not self._memory_op[3].done():
-            self._reply(self._memory_op[3], ControlResult(False, why))
-        self._memory_op = None
+        self.memory.teardown(why, self._mh)
         super()._answer_waiters(why)  # type: ignore[misc]

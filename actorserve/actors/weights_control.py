@@ -16,9 +16,10 @@ back as a `WeightsRead` message (noted ``weights_read`` on the recording). A bad
 update there, nothing touched. ``abort_all_requests`` aborts every request when the update
 starts (through the ordinary abort, so each ends ``abort`` with its partial output). Then the
 scheduler is asked `LoadWeights` with the checked tensors, which it applies only between steps
-with no request holding KV, on the thread the steps run on. While requests run it answers busy,
-and the record waits (``waiting``) for the scheduler's idle answer and asks again: the update is
-a barrier, never a forward that mixes two versions. The load flushes the prefix cache, so no KV
+with no request holding KV, on the thread the steps run on. The record is ``working`` while the
+read runs, then ``asking``. While requests run the scheduler answers busy, and the record waits
+(``busy``: ``waiting_idle``) for its idle answer and asks again (``retry``): the update is a
+barrier, never a forward that mixes two versions. The load flushes the prefix cache, so no KV
 of the old weights is reused.
 """
 
@@ -57,7 +58,7 @@ class WeightsControl(Actor):
     open: dict[str, Any]
     # re-execution's holder of an update's read, called (rid, msg, wrap); None: a worker thread
     weights_reader: Any = None
-    # and its `pause_mode` (the scheduler's), `_new`, `_end`, `_wait`, `_ask`, `_ask_idle`, `_abort`, `_rec`, `_memory_refusal` (memory_control)
+    # and its `pause_mode` (the scheduler's), `_new`, `_end`, `_fire`, `_ask`, `_await_idle`, `_abort`, `_rec`, `_memory_refusal` (memory_control)
 
     def _weights_fire(self, event: str) -> None:
         WEIGHTS.fire(self.weights, event, observer=self._rec)
@@ -109,6 +110,7 @@ class WeightsControl(Actor):
         the step thread: steps go on meanwhile); the outcome comes back as `WeightsRead`."""
         assert self.system is not None
         engine, rid = self.engine, rec.rid
+        self._fire(rec, "work")
 
         def read() -> tuple[Any, float]:
             t0 = time.perf_counter()
@@ -154,8 +156,7 @@ class WeightsControl(Actor):
             res = ControlResult(False, f"{rec.op} failed: {type(error).__name__}: {error}")
         assert res is not None
         if not res.ok and "busy" in res.detail:          # requests hold KV: wait for the barrier
-            self._wait(rec)
-            self._ask_idle(rec, self.scheduler)
+            self._await_idle(rec, (self.scheduler,))
             return
         msg: UpdateWeightsFromDisk | UpdateWeightsFromTensor = rec.msg
         rec.data = None                                  # the tensors are copied (or not wanted)
@@ -173,7 +174,7 @@ class WeightsControl(Actor):
         self._end(rec, res)
 
     def _weights_idle(self, rec: Any) -> None:
-        """The scheduler is idle: ask for the load again."""
+        """The tensors are read, or the scheduler is idle: ask for the load (again)."""
         self._ask(rec, self.scheduler, LoadWeights(rec.msg.model_path, rec.data, rec.msg.weight_version))
 
     @handles(UpdateWeightVersion)

@@ -3,7 +3,7 @@
 (`WeightsGroupControl`, a base of `ControlActor` on top of `WeightsControl`).
 
 One group at a time, held here (`weights_group`, an `engine.weights_group.WeightsGroup`). Its
-join is a control record that waits (``waiting``) while `engine.weights_group.open_group`
+join is a control record that is ``working`` while `engine.weights_group.open_group`
 runs on a worker thread: the trainer's join and this one rendezvous concurrently, and the
 event loop serves meanwhile; a join that does not complete in its bound ends the record
 rejected with why. A second init while a group is open (or joining) is refused.
@@ -60,7 +60,7 @@ class WeightsGroupControl(WeightsControl):
                                                        f"({msg.world_size - 1}): rank 0 is the trainer's"))
         from ..engine import weights_group
         assert self.system is not None
-        self._wait(rec)
+        self._fire(rec, "work")
         rec.msg = msg
         self._group_joining = rec.rid
         rid = rec.rid
@@ -127,7 +127,7 @@ class WeightsGroupControl(WeightsControl):
         from ..engine import weights_group
         assert self.system is not None
         self.weights_group = None
-        self._wait(rec)
+        self._fire(rec, "work")
         rid = rec.rid
         fut = self.system.loop.run_in_executor(None, weights_group.close_group, group)
         self.system.pipe(fut, self, off_loop=True, wrap=lambda _, err: WeightsGroupClosed(rid, err))

@@ -43,6 +43,13 @@ is skipped. A generation request's ``retract`` went to ``retracted`` and, in the
 ``requeue`` took it to ``queued``; ``retract`` goes to ``queued`` now (the state was never
 observable), so an old ``retract`` is read as leading to ``queued`` and its ``requeue`` is
 skipped.
+
+Until issue 31 a control record had one in-between state, ``waiting`` (``wait``); its progress
+is states now (``asking``, ``waiting_idle``, ``working``, ``probing``: `statemachines.lifecycles`).
+An old ``wait`` is skipped and a transition out of ``waiting`` is read as leaving ``received``,
+so an old record checks as ``received -> applied | rejected``. An old record does not say which
+of today's states it passed through, so re-execution compares an old recording's control
+records by their outcome (`old_control`, `control_outcomes`) and says so in its report.
 """
 
 from __future__ import annotations
@@ -108,9 +115,37 @@ def recording_is_open(events: Iterable[Event]) -> bool:
 _OLD_SERVER_PAUSED = ("paused_abort", "paused_retract", "paused_in_place")
 
 
+#: the control machine's events before issue 31 (``wait``: received -> waiting)
+_OLD_CONTROL_EVENTS = frozenset({"create", "apply", "reject", "wait"})
+OLD_CONTROL_NOTE = ("control records recorded under the control machine before issue 31 (received -> "
+                    "[waiting ->] applied | rejected) are compared by their outcome; today's records "
+                    "also pass through asking, waiting_idle, working or probing")
+
+
+def old_control(events: Iterable[Event]) -> bool:
+    """Whether the recording's control records were made by the control machine before issue 31:
+    it has control records, and none of them uses an event that machine did not have."""
+    seen = False
+    for ev in events:
+        if ev.kind == "control":
+            if ev.event not in _OLD_CONTROL_EVENTS:
+                return False
+            seen = True
+    return seen
+
+
+def control_outcomes(history: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
+    """A control record's history as its creation and its end (where it landed, and whether the
+    transition was allowed): what an old recording and today's re-execution can both say."""
+    return [(seq, (event if event == "create" else "end", None, dst, ok))
+            for seq, (event, src, dst, ok) in history if event == "create" or dst in ("applied", "rejected")]
+
+
 def legacy(ev: Event) -> Event | None:
     """An event of a recording made before a rename, as today's machines name it (None: it has
     no counterpart today and is skipped). See the module docstring."""
+    if ev.kind == "control" and (ev.event == "wait" or ev.src == "waiting"):
+        return None if ev.event == "wait" else dataclasses.replace(ev, src="received")
     if ev.kind == "scheduler" and ev.event == "isolate" and ev.src == ev.dst:
         return None
     if ev.kind == "generation" and (ev.src == "retracted" or ev.dst == "retracted"):

@@ -21,7 +21,9 @@ STATE_COLORS: dict[str, str] = {
     "paused": "#a855f7", "retracted": "#ec4899", "forward": "#84cc16", "pool": "#06b6d4",
     "done": "#15803d", "aborted": "#ea580c", "failed": "#dc2626",
     # control requests
-    "received": "#fde68a", "waiting": "#a5b4fc", "applied": "#86efac", "rejected": "#fca5a5",
+    "received": "#fde68a", "asking": "#818cf8", "waiting_idle": "#fcd9bd", "working": "#bef264",
+    "probing": "#38bdf8", "applied": "#86efac", "rejected": "#fca5a5",
+    "waiting": "#a5b4fc",    # control's one waiting state before issue 31 (old recordings)
     # server run phase and health
     "starting": "#fef3c7", "serving": "#bbf7d0", "paused_abort": "#fdba74",
     "paused_retract": "#f9a8d4", "paused_in_place": "#d8b4fe", "draining": "#fcd34d",

@@ -37,7 +37,7 @@ from ..engine.base import StepPreempted
 from ..engine.batching import BatchConfig, BatchPolicy
 from ..engine.params import PoolingParams, SamplingParams
 from ..statemachines import LIFECYCLES
-from .check import legacy
+from .check import OLD_CONTROL_NOTE, control_outcomes, legacy, old_control
 from .recorder import Event, FlightRecorder
 from .reexec_weights import OPS as WEIGHT_OPS, WeightsPlayback, compare_versions
 from .reexec_lora import OPS as LORA_OPS, LoraPlayback
@@ -97,6 +97,7 @@ class ReexecReport:
     fillers: int = 0
     weights: list[str] = field(default_factory=list)        # each update: reloaded, or why not
     weights_diffs: list[str] = field(default_factory=list)  # a reload or a step's label that differs
+    notes: list[str] = field(default_factory=list)          # how an old recording was compared
 
     @property
     def ok(self) -> bool:
@@ -108,12 +109,13 @@ class ReexecReport:
                 "step_diffs": [_asdict(d) for d in self.step_diffs],
                 "transition_diffs": [_asdict(d) for d in self.transition_diffs],
                 "drift": self.drift, "first_drift": self.first_drift, "fillers": self.fillers,
-                "weights": self.weights, "weights_diffs": self.weights_diffs}
+                "weights": self.weights, "weights_diffs": self.weights_diffs, "notes": self.notes}
 
     def format(self, limit: int = 10) -> str:
         lines = [f"re-executed {self.inputs} inputs: "
                  + ", ".join(f"{k} {b}/{a} steps" for k, (a, b) in self.steps.items())
                  + f", {self.instances} lifecycle instances"]
+        lines += [f"  note: {n}" for n in self.notes]
         if self.ok:
             lines.append("every step's batch and every transition match the recording")
         for d in self.step_diffs[:limit]:
@@ -411,6 +413,11 @@ def compare(recorded: list[Event], replayed: list[Event], report: ReexecReport,
     # a recording made before a rename is compared as today's machines name it (check.legacy)
     rh = histories_of(e for e in map(legacy, recorded) if e is not None)
     ph = histories_of(replayed)
+    if old_control(recorded):      # an old record does not say which of today's states it passed
+        report.notes.append(OLD_CONTROL_NOTE)
+        for h in (rh, ph):
+            for key in [k for k in h if k[0] == "control"]:
+                h[key] = control_outcomes(h[key])
     report.instances = len(rh)
     diffs = []
     for key in set(rh) | set(ph):

@@ -4,7 +4,8 @@ Requests do not all walk the generate path. After one shared entry they fork:
 
 * generation  ``queued -> prefill -> decode -> detok -> done`` (health probes too, marked as probes);
 * pooling     ``queued -> forward -> pool -> done`` (embedding, classify, score, cross-encoder rerank);
-* control     ``received -> applied | rejected`` (flush with a timeout may wait for idle first);
+* control     ``received -> [asking | waiting_idle | working | probing ->] applied | rejected``
+              (asking its actors for answers, waiting for idle when busy, a read off the loop);
 
 and the long-lived actors have theirs:
 
@@ -67,7 +68,10 @@ class PoolState(enum.Enum):
 
 class ControlState(enum.Enum):
     received = "received"
-    waiting = "waiting"
+    asking = "asking"
+    waiting_idle = "waiting_idle"
+    working = "working"
+    probing = "probing"
     applied = "applied"
     rejected = "rejected"
 
@@ -180,17 +184,36 @@ POOLING = Lifecycle(
 
 C = ControlState
 
+_C_LIVE = (C.received, C.asking, C.waiting_idle, C.working, C.probing)
+
 CONTROL = Lifecycle(
     name="control",
     states=ControlState,
     initial=C.received,
     terminal=frozenset({C.applied, C.rejected}),
     edges=(
-        Edge("apply", (C.received, C.waiting), C.applied),
-        Edge("reject", (C.received, C.waiting), C.rejected),
-        Edge("wait", (C.received,), C.waiting),
+        # asked one actor or several (an abort: every scheduler); each answer but the last is
+        # ``answered``, the last one ends the record
+        Edge("ask", (C.received, C.working), C.asking),
+        Edge("answered", (C.asking,), C.asking),
+        # the scheduler answered busy (a flush with a timeout, a weight load): wait for its idle
+        # answer, then ask again (``retry``); a drain waits for every scheduler's idle at once
+        Edge("busy", (C.asking,), C.waiting_idle),
+        Edge("wait_idle", (C.received,), C.waiting_idle),
+        Edge("answered", (C.waiting_idle,), C.waiting_idle),
+        Edge("retry", (C.waiting_idle,), C.asking),
+        # work on a worker thread first (a weight update's read, a trainer group's join or close)
+        Edge("work", (C.received,), C.working),
+        # /health_generate: the HTTP layer runs the probe request and reports its end
+        Edge("probe", (C.received,), C.probing),
+        Edge("apply", _C_LIVE, C.applied),
+        Edge("reject", _C_LIVE, C.rejected),
+        Edge("time_out", (C.asking, C.waiting_idle), C.rejected),   # a flush's timeout_s ran out
     ),
-    doc="abort_request, pause/continue_generation, flush_cache, open/close_session: applied at once.",
+    doc="A control request (abort_request, pause/continue_generation, flush_cache, sessions, "
+        "weights, memory, LoRA adapters, drain, /health_generate): refused or applied at once, "
+        "or asking its actor(s) until the answers are in, waiting for idle when busy, working "
+        "off the loop first, or probing.",
 )
 
 S = ServerState
