@@ -8,10 +8,10 @@ import sys
 
 # Subcommand name -> module that defines `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS: dict[str, str] = {
-    "serve": "actorserve.http.serve_cli",
+    "serve": "actorserve.http.edge.serve_cli",
     "diagram": "actorserve.statemachines.diagram_cli",
     "replay": "actorserve.replay.replay_cli",
-    "models": "actorserve.engine.models_cli",
+    "models": "actorserve.engine.weights.models_cli",
     "fleet": "actorserve.fleet.fleet_cli",
 }
 

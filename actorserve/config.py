@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .engine.batching import BatchConfig
+from .engine.scheduling.batching import BatchConfig
 
 METRICS_SCHEMES = ("actorserve", "vllm", "sglang")    # /metrics naming (http.metric_names)
 METRICS_AUTH = ("required", "open")                   # /metrics behind --api-key, or open

@@ -26,7 +26,7 @@ class UpdateWeightsFromDisk:
 class UpdateWeightsFromTensor:
     """Update some or all weights from named tensors (`/update_weights_from_tensor`): each blob a
     safetensors file's bytes (``load_format`` "safetensors"), or SGLang's shared-memory pickle
-    (null, "direct", "flattened_bucket"; read by `engine.refit_shm`), checked off the loop,
+    (null, "direct", "flattened_bucket"; read by `engine.weights.refit_shm`), checked off the loop,
     copied at a step barrier."""
     blobs: tuple[bytes, ...] = field(repr=False, compare=False)
     abort_all: bool = False
@@ -57,7 +57,7 @@ class GetWeightsByName:
 
 @dataclass(frozen=True, slots=True)
 class LoadWeights:
-    """Apply weights already read and checked off the loop (`engine.refit.read_checked`'s
+    """Apply weights already read and checked off the loop (`engine.weights.refit.read_checked`'s
     tensors by name) if no request holds KV and no step runs (else answered busy): the prefix
     cache is flushed and the copy runs where the model steps run."""
     model_path: str

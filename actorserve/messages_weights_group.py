@@ -49,7 +49,7 @@ class DestroyWeightsUpdateGroup:
 
 @dataclass(frozen=True, slots=True)
 class WeightsGroupJoined:
-    """The join ran on a worker thread: the group (`engine.weights_group.WeightsGroup`) or why not."""
+    """The join ran on a worker thread: the group (`engine.weights.weights_group.WeightsGroup`) or why not."""
     rid: str
     group: Any = field(repr=False, compare=False)
     error: BaseException | None = None

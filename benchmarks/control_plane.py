@@ -34,8 +34,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import aiohttp  # noqa: E402
 
 from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig  # noqa: E402
-from actorserve.engine.batching import BatchConfig  # noqa: E402
-from actorserve.http.server import build_runtime, serve_async  # noqa: E402
+from actorserve.engine.scheduling.batching import BatchConfig  # noqa: E402
+from actorserve.http.edge.server import build_runtime, serve_async  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

@@ -1,4 +1,4 @@
-"""Decode attention grouped by context length vs one padded group (`engine.paged_attention`).
+"""Decode attention grouped by context length vs one padded group (`engine.runners.paged_attention`).
 
 One layer shaped like SmolLM2-135M's (3 KV heads, 9 query heads, head dim 64, fp32), paged
 KV with block size 16. Mixes: ``mixed`` = 63 sequences of 128 tokens beside one of 4,096
@@ -20,9 +20,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from actorserve.engine import paged_attention as pa  # noqa: E402
-from actorserve.engine.block_tables import BlockTables  # noqa: E402
-from actorserve.engine.sequence import Sequence  # noqa: E402
+from actorserve.engine.runners import paged_attention as pa  # noqa: E402
+from actorserve.engine.runners.block_tables import BlockTables  # noqa: E402
+from actorserve.engine.scheduling.sequence import Sequence  # noqa: E402
 
 BS, NKV, GROUP, D = 16, 3, 3, 64
 

@@ -1,4 +1,4 @@
-"""The row buckets of the packed dense linears (`engine.dense.BUCKETS`): their speed cost, A/B in
+"""The row buckets of the packed dense linears (`engine.runners.dense.BUCKETS`): their speed cost, A/B in
 one process.
 
 Loads the model as ``make serve`` does (``--dtype``/``--quantization`` auto unless given), then
@@ -28,7 +28,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from actorserve.engine import dense  # noqa: E402
+from actorserve.engine.runners import dense  # noqa: E402
 from engine import prompts_of, runner_prefill  # noqa: E402  (benchmarks/engine.py)
 from quant_decode import decode  # noqa: E402
 from serverproc import cpu_name  # noqa: E402
@@ -71,9 +71,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    from actorserve.engine.dtype import resolve_dtype
-    from actorserve.engine.models import load_model
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.weights.dtype import resolve_dtype
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.runners.runner import build_engine
 
     dtype, _ = resolve_dtype(args.dtype)
     model, tok, _ = load_model(args.model, dtype=dtype, quantization=args.quantization)

@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import aiohttp  # noqa: E402
 
 from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig  # noqa: E402
-from actorserve.http.server import build_runtime, serve_async  # noqa: E402
+from actorserve.http.edge.server import build_runtime, serve_async  # noqa: E402
 
 SUBJECTS = ["A man", "The woman", "A child", "Our neighbour", "The old dog", "A young cat", "The chef", "A pilot"]
 ACTIONS = ["is eating food", "is riding a horse", "reads a long book about the history of Berlin",

@@ -33,10 +33,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from actorserve.engine.dtype import cpu_bf16_flags  # noqa: E402
-from actorserve.engine.params import SamplingParams  # noqa: E402
-from actorserve.engine.runner import build_engine  # noqa: E402
-from actorserve.engine.sequence import Sequence  # noqa: E402
+from actorserve.engine.weights.dtype import cpu_bf16_flags  # noqa: E402
+from actorserve.engine.scheduling.params import SamplingParams  # noqa: E402
+from actorserve.engine.runners.runner import build_engine  # noqa: E402
+from actorserve.engine.scheduling.sequence import Sequence  # noqa: E402
 
 
 def prompts_of(tok: Any, n: int, length: int) -> list[list[int]]:
@@ -112,7 +112,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    from actorserve.engine.models import load_model
+    from actorserve.engine.weights.models import load_model
 
     batches = [int(b) for b in args.batches.split(",")]
     result: dict[str, Any] = {"threads": args.threads or torch.get_num_threads(),

@@ -16,8 +16,8 @@ import random
 import time
 from collections import deque
 
-from actorserve.engine.lane import Lane
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.scheduling.lane import Lane
+from actorserve.engine.scheduling.sequence import Sequence
 
 
 def timed(make, order) -> float:  # type: ignore[no-untyped-def]

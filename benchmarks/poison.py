@@ -27,11 +27,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from actorserve.actors.runtime import Runtime  # noqa: E402
 from actorserve.config import SchedulerConfig  # noqa: E402
-from actorserve.engine.batching import BatchConfig  # noqa: E402
-from actorserve.engine.models import load_model  # noqa: E402
-from actorserve.engine.params import SamplingParams  # noqa: E402
-from actorserve.engine.runner import build_engine  # noqa: E402
-from actorserve.engine.tokenizer import TextTokenizer  # noqa: E402
+from actorserve.engine.scheduling.batching import BatchConfig  # noqa: E402
+from actorserve.engine.weights.models import load_model  # noqa: E402
+from actorserve.engine.scheduling.params import SamplingParams  # noqa: E402
+from actorserve.engine.runners.runner import build_engine  # noqa: E402
+from actorserve.engine.text.tokenizer import TextTokenizer  # noqa: E402
 
 PROMPTS = ["Tell me about the sea.", "What is a robot?", "Describe autumn.", "Why is bread good?"]
 

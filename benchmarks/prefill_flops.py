@@ -67,9 +67,9 @@ def main() -> None:
     p.add_argument("--floor-context", type=int, default=200, help="KV tokens per sequence in the floor")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    from actorserve.engine.dtype import cpu_bf16_flags, resolve_dtype
-    from actorserve.engine.models import load_model
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.weights.dtype import cpu_bf16_flags, resolve_dtype
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.runners.runner import build_engine
 
     dtype, why = resolve_dtype(args.dtype)
     model, tok, _ = load_model(args.model, dtype=dtype, quantization=args.quantization)

@@ -19,11 +19,11 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from actorserve.engine.block_manager import BlockManager  # noqa: E402
-from actorserve.engine.models import load_model  # noqa: E402
-from actorserve.engine.params import SamplingParams  # noqa: E402
-from actorserve.engine.runner import build_engine  # noqa: E402
-from actorserve.engine.sequence import Sequence  # noqa: E402
+from actorserve.engine.scheduling.block_manager import BlockManager  # noqa: E402
+from actorserve.engine.weights.models import load_model  # noqa: E402
+from actorserve.engine.scheduling.params import SamplingParams  # noqa: E402
+from actorserve.engine.runners.runner import build_engine  # noqa: E402
+from actorserve.engine.scheduling.sequence import Sequence  # noqa: E402
 
 
 def prefill_ms(engine, bm: BlockManager, seq: Sequence) -> float:

@@ -30,10 +30,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from actorserve.engine import quant  # noqa: E402
-from actorserve.engine.params import SamplingParams  # noqa: E402
-from actorserve.engine.runner import build_engine  # noqa: E402
-from actorserve.engine.sequence import Sequence  # noqa: E402
+from actorserve.engine.kernels import quant  # noqa: E402
+from actorserve.engine.scheduling.params import SamplingParams  # noqa: E402
+from actorserve.engine.runners.runner import build_engine  # noqa: E402
+from actorserve.engine.scheduling.sequence import Sequence  # noqa: E402
 from engine import prompts_of, runner_prefill  # noqa: E402  (benchmarks/engine.py)
 
 
@@ -80,7 +80,7 @@ def main() -> None:
                    help="also each q4 engine without its fused step, glue and step pool")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    from actorserve.engine.models import load_model
+    from actorserve.engine.weights.models import load_model
 
     batches = [int(x) for x in args.batches.split(",")]
     configs = [("fp32", torch.float32, "none"), ("bf16", torch.bfloat16, "none"),

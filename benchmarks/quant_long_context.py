@@ -27,9 +27,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from actorserve.engine.params import SamplingParams  # noqa: E402
-from actorserve.engine.runner import build_engine  # noqa: E402
-from actorserve.engine.sequence import Sequence  # noqa: E402
+from actorserve.engine.scheduling.params import SamplingParams  # noqa: E402
+from actorserve.engine.runners.runner import build_engine  # noqa: E402
+from actorserve.engine.scheduling.sequence import Sequence  # noqa: E402
 
 
 def case(model: Any, L: int, B: int, steps: int, repeats: int) -> dict[str, Any]:
@@ -72,7 +72,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    from actorserve.engine.models import load_model
+    from actorserve.engine.weights.models import load_model
 
     model, _, _ = load_model(args.model, dtype=getattr(torch, args.dtype), quantization="q4")
     result: dict[str, Any] = {"bench": "quant_long_context", "dtype": args.dtype,

@@ -67,8 +67,8 @@ def main() -> None:
     p.add_argument("--new", type=int, default=32)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    from actorserve.engine.models import load_model
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.runners.runner import build_engine
     from test_dtype import PROMPTS, greedy
 
     result: dict[str, Any] = {}

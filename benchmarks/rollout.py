@@ -13,7 +13,7 @@ one weight update runs, cycling through the clients' exact sequences and sources
 * ``areal``: ``POST /pause_generation`` -> the same update with ``abort_all_requests: true``
   -> ``POST /continue_generation``.
 
-The ``gloo`` source is a trainer process (``python -m actorserve.engine.weights_group``, SGLang's
+The ``gloo`` source is a trainer process (``python -m actorserve.engine.weights.weights_group``, SGLang's
 recipe): at the start it joins the server's ``/init_weights_update_group`` as rank 0 (gloo, the
 TCP store on a free port); for each update it posts ``/update_weights_from_distributed`` (``names``,
 ``dtypes``, ``shapes``, and the sequence's ``weight_version`` / ``flush_cache`` /
@@ -89,7 +89,7 @@ def make_weights(model: str, tmp: str, seed: int, bucket_mb: float) -> tuple[Pat
     from safetensors.torch import save
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actorserve.engine.models import resolve_model
+    from actorserve.engine.weights.models import resolve_model
 
     served = resolve_model(model)
     m = AutoModelForCausalLM.from_pretrained(served, dtype=torch.float32)
@@ -154,7 +154,7 @@ class Bench:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
             [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
         self.trainer = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "actorserve.engine.weights_group", "--server", self.url,
+            sys.executable, "-m", "actorserve.engine.weights.weights_group", "--server", self.url,
             "--weights", f"served={served}", "--weights", f"pert={pert}",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
         raw = await asyncio.wait_for(self.trainer.stdout.readline(), 600)   # type: ignore[union-attr]

@@ -17,9 +17,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from actorserve.engine.params import SamplingParams  # noqa: E402
-from actorserve.engine.sampling import sample  # noqa: E402
-from actorserve.engine.sequence import Sequence  # noqa: E402
+from actorserve.engine.scheduling.params import SamplingParams  # noqa: E402
+from actorserve.engine.sampling.sampling import sample  # noqa: E402
+from actorserve.engine.scheduling.sequence import Sequence  # noqa: E402
 
 SETTINGS = {"greedy": dict(temperature=0.0), "temperature_1": dict(temperature=1.0),
             "top_p_0.9": dict(temperature=1.0, top_p=0.9), "top_k_50": dict(temperature=0.7, top_k=50),

@@ -8,7 +8,7 @@ random values instead of prefilled (the attention reads the same bytes either wa
 prefill of 131k tokens would take minutes here), the contexts' blocks are scattered (shuffled
 block ids) as a long-running server's are.
 
-Each shape runs twice, with the in-place decode kernel (`engine.decode_kernel`) and with the
+Each shape runs twice, with the in-place decode kernel (`engine.kernels.decode_kernel`) and with the
 torch gather + SDPA path, same engine, same KV (``inplace_vs_gather``: the tok/s ratio).
 Per shape and path: ms per step, output tok/s, and where the step goes: ``plan_ms`` (`plan_step`, the
 Python side: its cost is per member, never per block), ``attn_ms`` (`paged_attention` summed
@@ -35,10 +35,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from actorserve.engine import runner as runner_mod  # noqa: E402
-from actorserve.engine.dtype import dtype_name, resolve_dtype  # noqa: E402
-from actorserve.engine.params import SamplingParams  # noqa: E402
-from actorserve.engine.sequence import Sequence  # noqa: E402
+from actorserve.engine.runners import runner as runner_mod  # noqa: E402
+from actorserve.engine.weights.dtype import dtype_name, resolve_dtype  # noqa: E402
+from actorserve.engine.scheduling.params import SamplingParams  # noqa: E402
+from actorserve.engine.scheduling.sequence import Sequence  # noqa: E402
 
 BS = 16
 
@@ -101,7 +101,7 @@ def main() -> None:
                    help="only the runner's own decode attention (default: in place and gather, alternately)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    from actorserve.engine.models import load_model
+    from actorserve.engine.weights.models import load_model
 
     kt = args.kv_tokens
     shapes = [(256, 64), (256, kt // 256), (64, kt // 64), (16, kt // 16), (1, kt // 16)]

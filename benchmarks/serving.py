@@ -28,8 +28,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import aiohttp  # noqa: E402
 
 from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig  # noqa: E402
-from actorserve.engine.batching import BatchConfig  # noqa: E402
-from actorserve.http.server import build_runtime, serve_async  # noqa: E402
+from actorserve.engine.scheduling.batching import BatchConfig  # noqa: E402
+from actorserve.http.edge.server import build_runtime, serve_async  # noqa: E402
 
 TOPICS = ["the sea", "a robot", "autumn", "a lighthouse", "bread", "mountains", "a cat", "the moon"]
 
@@ -107,10 +107,10 @@ async def run_server(config: ServerConfig, built: Any, args: argparse.Namespace)
 
 def run_floor(built: Any, config: ServerConfig, args: argparse.Namespace) -> dict[str, Any]:
     """The bare loop: runner.execute over batches of `concurrency`, scheduler bookkeeping inline."""
-    from actorserve.engine.block_manager import BlockManager
-    from actorserve.engine.params import SamplingParams
-    from actorserve.engine.runner import build_engine
-    from actorserve.engine.sequence import Sequence
+    from actorserve.engine.scheduling.block_manager import BlockManager
+    from actorserve.engine.scheduling.params import SamplingParams
+    from actorserve.engine.runners.runner import build_engine
+    from actorserve.engine.scheduling.sequence import Sequence
 
     served = built.runtime.engine
     model = getattr(served, "model", None)

@@ -40,8 +40,8 @@ import torch  # noqa: E402
 
 from actorserve.actors.runtime import Runtime  # noqa: E402
 from actorserve.config import SchedulerConfig  # noqa: E402
-from actorserve.engine.batching import BatchConfig  # noqa: E402
-from actorserve.engine.params import SamplingParams  # noqa: E402
+from actorserve.engine.scheduling.batching import BatchConfig  # noqa: E402
+from actorserve.engine.scheduling.params import SamplingParams  # noqa: E402
 
 TOPICS = ["the sea", "a robot", "autumn", "a lighthouse", "bread", "mountains", "a cat", "the moon"]
 PARAGRAPHS = [
@@ -142,8 +142,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    from actorserve.engine.models import load_model
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.runners.runner import build_engine
 
     result: dict[str, Any] = {}
     for dtype in args.dtypes.split(","):

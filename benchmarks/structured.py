@@ -7,7 +7,7 @@ bounded strings), alternating the two in ``--rounds`` rounds so machine noise fa
 Each run's rate is generated tokens / wall time from the first submission to the last final
 output. Then ``--schemas`` distinct schemas are compiled cold, and again from the cache, on
 the runtime's worker thread (as the HTTP edge does), and the time spent filling and applying
-the token bitmasks is read off `engine.grammar.mask_rows` during the constrained runs.
+the token bitmasks is read off `engine.sampling.grammar.mask_rows` during the constrained runs.
 
 Prints ONE JSON line:
 
@@ -36,9 +36,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import actorserve  # noqa: E402
 from actorserve.actors.runtime import Runtime  # noqa: E402
 from actorserve.config import SchedulerConfig  # noqa: E402
-from actorserve.engine import grammar as grammar_mod  # noqa: E402
-from actorserve.engine.batching import BatchConfig  # noqa: E402
-from actorserve.engine.params import SamplingParams  # noqa: E402
+from actorserve.engine.sampling import grammar as grammar_mod  # noqa: E402
+from actorserve.engine.scheduling.batching import BatchConfig  # noqa: E402
+from actorserve.engine.scheduling.params import SamplingParams  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 24},
@@ -111,9 +111,9 @@ async def run(rt: Runtime, prompts: list[list[int]], sp: SamplingParams) -> tupl
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    from actorserve.engine.models import load_model
-    from actorserve.engine.runner import build_engine
-    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.runners.runner import build_engine
+    from actorserve.engine.text.tokenizer import TextTokenizer
 
     model, hf, _ = load_model(args.model, threads=args.threads)
     tok = TextTokenizer(hf, generation_config=model.generation_config)

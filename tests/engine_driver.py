@@ -12,10 +12,10 @@ from collections import defaultdict
 
 import torch
 
-from actorserve.engine.base import SeqOutput
-from actorserve.engine.block_manager import BlockManager
-from actorserve.engine.params import SamplingParams
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.scheduling.base import SeqOutput
+from actorserve.engine.scheduling.block_manager import BlockManager
+from actorserve.engine.scheduling.params import SamplingParams
+from actorserve.engine.scheduling.sequence import Sequence
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)
 

@@ -10,9 +10,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.http.app import build_app
-from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.http.edge.app import build_app
+from actorserve.http.edge.server import FALLBACK_CHAT_TEMPLATE
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 from waiting import until as until  # re-exported: the tests import it from here
@@ -22,8 +22,8 @@ NAME = "tiny-llama"
 
 
 def load_tiny() -> tuple[Any, Any, Any]:
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
 
     model, hf_tok, _ = load_model("tiny", threads=1)
     tok = TextTokenizer(hf_tok, chat_template=FALLBACK_CHAT_TEMPLATE)
@@ -32,8 +32,8 @@ def load_tiny() -> tuple[Any, Any, Any]:
 
 def load_smol() -> tuple[Any, Any, Any]:
     """The embedded SmolLM2-135M-Instruct with its own chat template (structured-output tests)."""
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
 
     model, hf_tok, _ = load_model("default", threads=2)
     return model, hf_tok, TextTokenizer(hf_tok, generation_config=model.generation_config)
@@ -46,7 +46,7 @@ async def serve(tiny: tuple[Any, Any, Any], *, api_key: str | None = None, kv_bl
                 record_path: Any = None, responses_store: int = 1000, batch: BatchConfig | None = None,
                 **server_kw: Any) -> AsyncIterator[tuple[TestClient, Runtime]]:
     """``server_kw``: more `ServerConfig` fields (metrics_names, metrics_auth, ...)."""
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.runners.runner import build_engine
 
     model, hf_tok, tok = tiny
     engine = build_engine(model, num_blocks=kv_blocks, block_size=16, tokenizer=hf_tok, model_name=name)

@@ -13,9 +13,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.http.app import build_app
-from actorserve.http.pooling import PoolModel
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.http.edge.app import build_app
+from actorserve.http.pooling.pooling import PoolModel
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 
@@ -46,7 +46,7 @@ def build_tiny_bert(folder: Path, num_labels: int, labels: list[str] | None = No
 
 
 def pool_model(target: str, spec: Any, *, threads: int = 1) -> PoolModel:
-    from actorserve.engine.encoder import load_encoder
+    from actorserve.engine.pooling.encoder import load_encoder
 
     engine, tok, _ = load_encoder(spec, threads=threads)
     return PoolModel(target, engine.info.model_name, tok, engine)
@@ -57,7 +57,7 @@ async def serve_pooling(tiny: tuple[Any, Any, Any], pool: dict[str, PoolModel], 
                         name: str = "tiny-llama",
                         debug_routes: bool = False,
                         request_timeout_s: float | None = None) -> AsyncIterator[tuple[TestClient, Runtime]]:
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.runners.runner import build_engine
 
     model, hf_tok, tok = tiny
     engine = build_engine(model, num_blocks=kv_blocks, block_size=16, tokenizer=hf_tok, model_name=name)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from actorserve.actors.clock import ManualClock
 from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.fake import FakeEngine
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.runners.fake import FakeEngine
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 from actor_access import actor_of, live_actors

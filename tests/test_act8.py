@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from actorserve.engine import cbuild, quant
+from actorserve.engine.kernels import cbuild, quant
 
 pytestmark = pytest.mark.skipif(cbuild.compiler() is None, reason="no C compiler to build the kernels")
 
@@ -138,8 +138,8 @@ def test_quantize_model_q4a8_groups_act8_members_and_keeps_the_head_offset():
 
 @pytest.mark.model
 def test_default_model_q4a8_decodes_through_the_fused_step_and_starts_as_q4():
-    from actorserve.engine.models import load_model
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.runners.runner import build_engine
     from test_dtype import PROMPTS, greedy
 
     model, tok, _ = load_model("default", threads=2, dtype=torch.bfloat16, quantization="q4")

@@ -9,9 +9,9 @@ import pytest
 from actorserve.actors.clock import ManualClock
 from actorserve.actors.runtime import Overloaded, Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.fake import FakeEngine
-from actorserve.engine.params import PoolingParams, SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.engine.scheduling.params import PoolingParams, SamplingParams
 from actorserve.messages import ContinueGeneration, PauseGeneration
 from actorserve.replay.check import check
 from actorserve.replay.reexec import reexecute
@@ -97,8 +97,8 @@ async def test_over_http_a_shed_request_is_503_with_retry_after_and_health_still
     from aiohttp.test_utils import TestClient, TestServer
 
     from actorserve.config import ModelConfig, ServerConfig
-    from actorserve.engine.runner import build_engine
-    from actorserve.http.app import build_app
+    from actorserve.engine.runners.runner import build_engine
+    from actorserve.http.edge.app import build_app
     from http_support import NAME, assert_error, load_tiny, settle, until
 
     model, hf_tok, tok = load_tiny()

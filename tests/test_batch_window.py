@@ -7,9 +7,9 @@ import asyncio
 from actorserve.actors.clock import ManualClock
 from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.fake import FakeEngine
-from actorserve.engine.params import PoolingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.engine.scheduling.params import PoolingParams
 
 
 async def make(wait: float, max_num_seqs: int = 8):

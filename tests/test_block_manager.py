@@ -7,11 +7,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
-from actorserve.engine import block_manager
-from actorserve.engine.batching import BatchPolicy
-from actorserve.engine.block_manager import BlockManager, chain_hash
-from actorserve.engine.lane import Lane
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.scheduling import block_manager
+from actorserve.engine.scheduling.batching import BatchPolicy
+from actorserve.engine.scheduling.block_manager import BlockManager, chain_hash
+from actorserve.engine.scheduling.lane import Lane
+from actorserve.engine.scheduling.sequence import Sequence
 
 BS = 4
 NUM = 12

@@ -1,4 +1,4 @@
-"""The runner's persistent int32 block tables (`engine.block_tables`): each live sequence's row
+"""The runner's persistent int32 block tables (`engine.runners.block_tables`): each live sequence's row
 holds exactly its block table through every way the list changes, only new entries are
 copied, and `plan_step` reads its slots and blocks from the rows."""
 
@@ -8,10 +8,10 @@ import random
 
 import torch
 
-from actorserve.engine.block_manager import BlockManager
-from actorserve.engine.block_tables import BlockTables
-from actorserve.engine.paged_attention import plan_step
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.scheduling.block_manager import BlockManager
+from actorserve.engine.runners.block_tables import BlockTables
+from actorserve.engine.runners.paged_attention import plan_step
+from actorserve.engine.scheduling.sequence import Sequence
 
 
 def _mirrors(tables: BlockTables, seqs: list[Sequence]) -> None:

@@ -24,8 +24,8 @@ import actorserve
 from actorserve.actors import actor as actor_mod
 from actorserve.actors.actor import Actor, ActorDeadError, ActorRef, handles
 from actorserve.actors.system import ActorSystem
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.params import PoolingParams, SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.scheduling.params import PoolingParams, SamplingParams
 from actorserve.messages import (
     AbortRequest, CloseSession, ContinueGeneration, FlushCache, OpenSession, PauseGeneration, ResponseBegin,
     ResponseEnd, SessionBegin,
@@ -214,7 +214,7 @@ async def test_the_runtime_holds_no_actor_object() -> None:
     reads what they publish; tests reach an actor's insides through `actor_access` only."""
     from actorserve.actors.runtime import Runtime
     from actorserve.config import SchedulerConfig
-    from actorserve.engine.fake import FakeEngine
+    from actorserve.engine.runners.fake import FakeEngine
     rt = Runtime(FakeEngine(), config=SchedulerConfig(step_in_thread=False, watchdog_timeout_s=5.0),
                  pooling_engines={"embed": FakeEngine()})
     await rt.start()

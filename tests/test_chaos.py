@@ -17,9 +17,9 @@ import pytest
 from actorserve.actors.clock import ManualClock
 from actorserve.actors.runtime import Overloaded, Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.fake import FakeEngine
-from actorserve.engine.params import PoolingParams, SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.engine.scheduling.params import PoolingParams, SamplingParams
 from actorserve.messages import AbortRequest, ContinueGeneration, PauseGeneration
 from actorserve.replay.check import check
 from actorserve.replay.reexec import reexecute

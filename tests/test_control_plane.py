@@ -9,9 +9,9 @@ import threading
 from actorserve.actors.clock import ManualClock
 from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.fake import FakeEngine
-from actorserve.engine.params import SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.engine.scheduling.params import SamplingParams
 from actorserve.messages import (
     CloseSession, ContinueGeneration, OpenSession, PauseGeneration, SessionBegin,
 )

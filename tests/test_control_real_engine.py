@@ -8,8 +8,8 @@ import pytest
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.params import SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.scheduling.params import SamplingParams
 from actorserve.messages import AbortRequest, ContinueGeneration, FlushCache, PauseGeneration
 from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder
@@ -28,7 +28,7 @@ def tiny():
 
 
 async def runtime(tiny) -> Runtime:
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.runners.runner import build_engine
     model, hf_tok, _ = tiny
     engine = build_engine(model, num_blocks=256, block_size=16, tokenizer=hf_tok, model_name="tiny")
     rt = Runtime(engine, config=SchedulerConfig(batch=BatchConfig(max_num_seqs=32), step_in_thread=True),

@@ -6,9 +6,9 @@ from __future__ import annotations
 from actorserve.actors.runtime import Runtime
 from actorserve.actors.clock import ManualClock
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.fake import FakeEngine
-from actorserve.engine.params import SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.engine.scheduling.params import SamplingParams
 from actorserve.messages import AbortRequest, Drain, PauseGeneration
 from actorserve.replay.check import OLD_CONTROL_NOTE, check
 from actorserve.replay.recorder import Event, FlightRecorder

@@ -1,4 +1,4 @@
-"""Live inspection over HTTP (`http.debug_routes`): request history, the SSE event stream,
+"""Live inspection over HTTP (`http.edge.debug_routes`): request history, the SSE event stream,
 diagrams with a request's path highlighted, the flag and the API key; plus the recorder's
 subscriber hook they stand on."""
 
@@ -175,7 +175,7 @@ async def test_diagram_with_rid_highlights_path(tiny):
 
 
 def test_cli_flag():
-    from actorserve.http import serve_cli
+    from actorserve.http.edge import serve_cli
 
     p = argparse.ArgumentParser()
     serve_cli.add_arguments(p)

@@ -1,4 +1,4 @@
-"""The in-place decode attention kernel (`engine.decode_kernel`, `csrc/paged_decode.c`):
+"""The in-place decode attention kernel (`engine.kernels.decode_kernel`, `csrc/paged_decode.c`):
 built here, equal to attending each sequence alone over exactly its own context, for both
 cache dtypes, GQA groups, soft-capping, head sizes with and without a specialised copy, both
 ways of splitting the work; and the fallback when it cannot be built."""
@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from actorserve.engine import cbuild
-from actorserve.engine import decode_kernel as dk
-from actorserve.engine.block_tables import BlockTables
-from actorserve.engine.paged_attention import PagedKV, paged_attention, plan_step
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.kernels import cbuild
+from actorserve.engine.kernels import decode_kernel as dk
+from actorserve.engine.runners.block_tables import BlockTables
+from actorserve.engine.runners.paged_attention import PagedKV, paged_attention, plan_step
+from actorserve.engine.scheduling.sequence import Sequence
 
 
 needs_cc = pytest.mark.skipif(cbuild.compiler() is None, reason="no C compiler to build the kernel "

@@ -1,4 +1,4 @@
-"""Dense linears through oneDNN with weights packed at load (`engine.dense`)."""
+"""Dense linears through oneDNN with weights packed at load (`engine.runners.dense`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from actorserve.engine import dense, quant
+from actorserve.engine.runners import dense
+from actorserve.engine.kernels import quant
 
 pytestmark = pytest.mark.skipif(not dense._ops_available(), reason="this torch has no oneDNN linear ops")
 
@@ -106,7 +107,7 @@ def test_onednn_sees_only_bucketed_row_counts_and_each_row_keeps_its_result(monk
 def test_the_onednn_caches_are_capped_before_torch_runs_unless_the_environment_says(monkeypatch):
     import subprocess
     import sys
-    from actorserve.engine import onednn_caches
+    from actorserve.engine.runners import onednn_caches
     code = ("import os, actorserve.engine as e, torch; "
             "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])")
     env = {k: v for k, v in os.environ.items() if k not in onednn_caches.VARIABLES}

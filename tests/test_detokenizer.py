@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from actorserve.engine.detokenizer import IncrementalDetokenizer
-from actorserve.engine.tokenizer import TextTokenizer
+from actorserve.engine.text.detokenizer import IncrementalDetokenizer
+from actorserve.engine.text.tokenizer import TextTokenizer
 
 
 def _pkg_dir(name: str) -> str:

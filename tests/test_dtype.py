@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actorserve.engine.dtype import cpu_bf16_flags, resolve_dtype
-from actorserve.engine.params import SamplingParams
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.weights.dtype import cpu_bf16_flags, resolve_dtype
+from actorserve.engine.scheduling.params import SamplingParams
+from actorserve.engine.scheduling.sequence import Sequence
 
 CPUINFO = "processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_tile amx_bf16\n"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at", "Once upon a time",
@@ -69,9 +69,9 @@ def test_bf16_greedy_agrees_with_fp32_and_the_sampler_sees_fp32():
     exceeds twice the largest logit difference bf16 makes there must pick the same token. The
     difference is measured, so the check holds for whatever matrix unit rounds the products
     (AMX tiles, avx512_bf16, or bf16 emulated on AVX2)."""
-    from actorserve.engine.models import load_model
-    from actorserve.engine.runner import build_engine
-    from actorserve.engine.sampling import sample
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.runners.runner import build_engine
+    from actorserve.engine.sampling.sampling import sample
 
     seen: list[torch.dtype] = []
 
@@ -104,8 +104,8 @@ def test_bf16_greedy_agrees_with_fp32_and_the_sampler_sees_fp32():
 
 @pytest.mark.model
 def test_bf16_embeddings_keep_their_direction():
-    from actorserve.engine.encoder import load_encoder
-    from actorserve.engine.params import PoolingParams
+    from actorserve.engine.pooling.encoder import load_encoder
+    from actorserve.engine.scheduling.params import PoolingParams
 
     texts = ["a cat sat on the mat", "stock markets fell sharply today", "how do I bake bread?",
              "the mitochondria is the powerhouse of the cell"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actorserve.engine.encoder import load_encoder
-from actorserve.engine.params import PoolingParams
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.pooling.encoder import load_encoder
+from actorserve.engine.scheduling.params import PoolingParams
+from actorserve.engine.scheduling.sequence import Sequence
 from pooling_support import build_tiny_bert
 
 TEXTS = ["A man is eating food.", "A man is eating a piece of bread.", "A man is riding a horse.",

@@ -15,11 +15,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from actorserve.engine import models
-from actorserve.engine.block_manager import BlockManager
-from actorserve.engine.params import PoolingParams
-from actorserve.engine.runner import HFFallbackRunner, PagedLlamaRunner, build_engine, supports_paged
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.weights import models
+from actorserve.engine.scheduling.block_manager import BlockManager
+from actorserve.engine.scheduling.params import PoolingParams
+from actorserve.engine.runners.runner import HFFallbackRunner, PagedLlamaRunner, build_engine, supports_paged
+from actorserve.engine.scheduling.sequence import Sequence
 
 from engine_driver import Driver, RecordingGreedy
 
@@ -228,7 +228,7 @@ def test_conversion_is_atomic(tmp_path, monkeypatch):
 def test_models_cli_lists_embedded(capsys):
     import argparse
 
-    from actorserve.engine import models_cli
+    from actorserve.engine.weights import models_cli
 
     p = argparse.ArgumentParser()
     models_cli.add_arguments(p)

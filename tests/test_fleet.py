@@ -23,7 +23,7 @@ import pytest
 from actorserve.cli import build_parser
 from actorserve.fleet.fleet_cli import replica_argv
 from actorserve.fleet.supervisor import Backoff, free_port
-from actorserve.http.responses_items import replica_of, response_id
+from actorserve.http.responses.responses_items import replica_of, response_id
 
 from waiting import until
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from actorserve.engine.models import cache_root
+from actorserve.engine.weights.models import cache_root
 
 HERE = Path(__file__).parent
 

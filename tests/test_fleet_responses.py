@@ -17,8 +17,8 @@ from actorserve.cli import build_parser
 from actorserve.config import RecorderConfig
 from actorserve.fleet.front import Front
 from actorserve.fleet.supervisor import Fleet, ReplicaState
-from actorserve.http.responses_items import replica_of, response_id
-from actorserve.http.serve_cli import config_from_args
+from actorserve.http.responses.responses_items import replica_of, response_id
+from actorserve.http.edge.serve_cli import config_from_args
 
 from http_support import NAME, load_tiny, serve
 

@@ -34,7 +34,7 @@ from hypothesis.errors import Unsatisfiable
 from pydantic import ValidationError
 from schemathesis import GenerationMode
 
-from actorserve.http.openapi import ErrorResponse
+from actorserve.http.edge.openapi import ErrorResponse
 from actorserve.replay.check import check
 from http_support import load_tiny, settle
 from pooling_support import build_tiny_bert, pool_model, serve_pooling

@@ -1,4 +1,4 @@
-"""The quantized decode step's C glue (`engine.glue`, `csrc/glue.c`): the residual add + RMSNorm
+"""The quantized decode step's C glue (`engine.kernels.glue`, `csrc/glue.c`): the residual add + RMSNorm
 and RoPE compute what HF's modules compute (RoPE and the add bit for bit, the norm up to the
 order of its sum), it is used only where it copies the norm's arithmetic, and a q4 engine
 decodes the same tokens with it as without it, family by family."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actorserve.engine import cbuild, glue, quant
-from actorserve.engine.families import apply_rope
+from actorserve.engine.kernels import cbuild, glue, quant
+from actorserve.engine.runners.families import apply_rope
 
 pytestmark = pytest.mark.skipif(cbuild.compiler() is None, reason="no C compiler to build the glue")
 
@@ -170,7 +170,7 @@ def test_long_contexts_pause_the_step_pool_around_attention_and_decode_the_same(
     the step pool sleeps through it (fused step in C, glued path in Python) and the tokens are
     those of the plain path."""
     import transformers as tr
-    from actorserve.engine.decode_kernel import PARALLEL_MIN_ELEMENTS
+    from actorserve.engine.kernels.decode_kernel import PARALLEL_MIN_ELEMENTS
     from test_model_families import make
 
     torch.manual_seed(0)

@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.http.app import build_app
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.http.edge.app import build_app
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 from http_support import assert_error, load_tiny, settle
@@ -139,7 +139,7 @@ def tiny():
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(tiny):
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.runners.runner import build_engine
 
     model, hf_tok, tok = tiny
     minilm = pool_model("embed", "embed")
@@ -202,7 +202,7 @@ def _lora_folder(rt, tmp_path) -> str:
 
 
 async def test_the_tables_cover_every_post_route(server, monkeypatch, tmp_path):
-    from actorserve.engine import weights_group
+    from actorserve.engine.weights import weights_group
     monkeypatch.setattr(weights_group, "INIT_TIMEOUT_S", 0.5)        # nobody listens on port 1
     http, rt, app, baseline = server
     posts = {r.resource.canonical for r in app.router.routes() if r.method == "POST"}

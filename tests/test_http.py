@@ -75,7 +75,7 @@ async def test_generate_single_batch_ids_stream(tiny):
         assert info["served_model_name"] == NAME and info["max_model_len"] > 0
         sinfo = await (await http.get("/server_info")).json()
         assert sinfo["server_state"] == "serving" and "kv_used_blocks" in sinfo["scheduler"]
-        from actorserve.engine import cbuild
+        from actorserve.engine.kernels import cbuild
         want = "inplace (paged_decode-" if cbuild.compiler() else "gather+sdpa (the in-place"
         assert sinfo["decode_attention"].startswith(want)        # what runs, and why
         await settle(rt)
@@ -205,8 +205,8 @@ async def test_unknown_route_and_method(tiny):
 
 @pytest.mark.model
 async def test_real_model_knows_paris():
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
 
     model, hf_tok, _ = load_model("default", threads=2)
     tok = TextTokenizer(hf_tok, generation_config=model.generation_config)
@@ -240,9 +240,9 @@ async def test_draining_server_answers_503(tiny):
 
 async def test_serve_async_graceful_stop(tiny):
     from actorserve.config import ModelConfig, ServerConfig
-    from actorserve.http.server import Built, serve_async
+    from actorserve.http.edge.server import Built, serve_async
     from actorserve.actors.runtime import Runtime
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.runners.runner import build_engine
 
     model, hf_tok, tok = tiny
     rt = Runtime(build_engine(model, num_blocks=64, block_size=16, model_name=NAME))
@@ -271,8 +271,8 @@ async def test_serve_async_graceful_stop(tiny):
 def test_kv_sizing_and_cli_config(tiny):
     import argparse
 
-    from actorserve.http import serve_cli
-    from actorserve.http.server import kv_bytes_per_block, num_kv_blocks
+    from actorserve.http.edge import serve_cli
+    from actorserve.http.edge.server import kv_bytes_per_block, num_kv_blocks
 
     cfg = tiny[0].config
     heads = cfg.num_attention_heads

@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.http.app import build_app
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.http.edge.app import build_app
 from actorserve.messages import ServerEvent
 from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder
@@ -29,7 +29,7 @@ def tiny():
 
 @contextlib.asynccontextmanager
 async def serve(tiny, *, batch=None, kv_blocks=128, watchdog=None):
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.runners.runner import build_engine
 
     model, hf_tok, tok = tiny
     engine = build_engine(model, num_blocks=kv_blocks, block_size=16, tokenizer=hf_tok, model_name=NAME)
@@ -229,7 +229,7 @@ async def test_a_session_turns_logprob_start_len_counts_the_whole_session_prompt
 def test_watchdog_timeout_flag():
     import argparse
 
-    from actorserve.http import serve_cli
+    from actorserve.http.edge import serve_cli
 
     p = argparse.ArgumentParser()
     serve_cli.add_arguments(p)
@@ -243,7 +243,7 @@ def test_watchdog_timeout_flag():
 async def test_health_checks_are_control_records_and_embedding_engines_probe_by_pooling():
     import dataclasses
 
-    from actorserve.engine.fake import FakeEngine
+    from actorserve.engine.runners.fake import FakeEngine
 
     engine = FakeEngine()
     engine.info = dataclasses.replace(engine.info, kind="embed")

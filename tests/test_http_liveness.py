@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig
-from actorserve.http.app import build_app
+from actorserve.http.edge.app import build_app
 
 from http_support import NAME, load_tiny
 
@@ -39,7 +39,7 @@ def tiny():
 
 
 async def test_health_answers_during_a_long_model_step(tiny):
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.runners.runner import build_engine
 
     model, hf_tok, tok = tiny
     engine = StalledEngine(build_engine(model, num_blocks=64, block_size=16, tokenizer=hf_tok, model_name=NAME))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from actorserve.engine.params import SamplingParams
+from actorserve.engine.scheduling.params import SamplingParams
 from actorserve.replay.check import check
 from actorserve.replay.reexec import reexecute
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from actorserve.engine.lane import Lane
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.scheduling.lane import Lane
+from actorserve.engine.scheduling.sequence import Sequence
 
 
 def seqs(n: int) -> list[Sequence]:

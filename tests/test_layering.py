@@ -107,10 +107,10 @@ def test_the_circle_finder_finds_a_circle_through_a_lazy_and_a_typing_import():
 
 def test_the_graph_sees_lazy_typing_and_relative_imports():
     graph = _graph()
-    assert "actorserve.engine.base" in graph["actorserve.engine.runner"]        # a relative import
+    assert "actorserve.engine.scheduling.base" in graph["actorserve.engine.runners.runner"]        # a relative import
     # a function-level import (runner picks the sampler on first use)
-    assert "actorserve.engine.sampling" in graph["actorserve.engine.sampling_runner"]
-    assert "actorserve.engine.lora_adapter" in graph["actorserve.engine.lora_step"]  # under TYPE_CHECKING
+    assert "actorserve.engine.sampling.sampling" in graph["actorserve.engine.runners.sampling_runner"]
+    assert "actorserve.engine.weights.lora_adapter" in graph["actorserve.engine.runners.lora_step"]  # under TYPE_CHECKING
 
 
 def test_no_import_circles():

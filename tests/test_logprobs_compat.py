@@ -11,9 +11,9 @@ import torch
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.params import SamplingParams
-from actorserve.engine.runner import build_engine
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.scheduling.params import SamplingParams
+from actorserve.engine.runners.runner import build_engine
 from actorserve.messages import ContinueGeneration, PauseGeneration
 from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder, read_recording

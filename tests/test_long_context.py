@@ -19,8 +19,8 @@ import torch
 from actorserve.actors.clock import ManualClock
 from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.params import SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.scheduling.params import SamplingParams
 
 from engine_driver import RecordingGreedy
 
@@ -33,7 +33,7 @@ CHUNK = 512                 # the scheduler's largest prefill chunk
 
 @pytest.fixture(scope="module")
 def tiny():
-    from actorserve.engine.models import load_model
+    from actorserve.engine.weights.models import load_model
 
     model, tok, _ = load_model("tiny", threads=2)
     assert model.config.max_position_embeddings == 2048
@@ -83,7 +83,7 @@ def test_the_tolerance_sees_a_4k_window_and_capped_positions(tiny):
 
 
 async def test_a_4500_token_context_equals_transformers(tiny):
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.runners.runner import build_engine
 
     model, tok = tiny
     rec = RecordingGreedy()               # argmax, and keeps every logits row it is given

@@ -1,4 +1,4 @@
-"""Multi-LoRA in the engine (`engine.lora`, `engine.lora_step`): adapters built here with
+"""Multi-LoRA in the engine (`engine.weights.lora`, `engine.runners.lora_step`): adapters built here with
 `peft` (non-zero B) and saved as PEFT folders, served by the paged runner, against PEFT's own
 merged model (``merge_and_unload``); mixed steps (base + adapters) against each member alone;
 the prefix cache keyed by adapter; bad folders refused.
@@ -22,12 +22,12 @@ import torch
 
 peft = pytest.importorskip("peft")
 
-from actorserve.engine.block_manager import BlockManager
-from actorserve.engine.lora import (LoraError, LoraFolderError, LoraInUse, LoraNotLoaded, LoraSlotsFull,
+from actorserve.engine.scheduling.block_manager import BlockManager
+from actorserve.engine.weights.lora import (LoraError, LoraFolderError, LoraInUse, LoraNotLoaded, LoraSlotsFull,
                                     read_adapter)
-from actorserve.engine.params import SamplingParams
-from actorserve.engine.runner import PagedLlamaRunner
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.scheduling.params import SamplingParams
+from actorserve.engine.runners.runner import PagedLlamaRunner
+from actorserve.engine.scheduling.sequence import Sequence
 
 from engine_driver import Driver, RecordingGreedy
 
@@ -152,7 +152,8 @@ def test_a_step_mixing_the_base_and_three_adapters_gives_each_what_it_gets_alone
 
 def test_the_torch_path_without_the_c_kernel_gives_the_same_tokens(tiny, monkeypatch):
     """Without a C compiler the deltas are grouped torch products (`lora_step`): the same tokens."""
-    from actorserve.engine import lora_kernel, lora_step
+    from actorserve.engine.kernels import lora_kernel
+    from actorserve.engine.runners import lora_step
 
     base, root, _ = tiny
     members = [(None, PROMPTS[0]), ("all", PROMPTS[0]), ("qv_rs", PROMPTS[2]), ("mlp_o", PROMPTS[1])]
@@ -304,20 +305,20 @@ def test_the_runtime_never_imports_peft():
     import subprocess
     import sys
 
-    code = ("import sys, actorserve.engine.lora, actorserve.engine.runner, actorserve.engine.models; "
+    code = ("import sys, actorserve.engine.weights.lora, actorserve.engine.runners.runner, actorserve.engine.weights.models; "
             "assert 'peft' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_the_hf_fallback_serves_no_adapter(tiny):
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.runners.runner import build_engine
     from transformers import GPT2Config, GPT2LMHeadModel
 
     base, root, _ = tiny
     eng = build_engine(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300)).eval(),
                        num_blocks=8, block_size=4, max_loaded_loras=4)
     assert eng.lora is None
-    from actorserve.engine.sequence import LoraRef
+    from actorserve.engine.scheduling.sequence import LoraRef
     seq = Sequence("x", [1, 2, 3], lora=LoraRef("a", 0, 1, b"k"))
     with pytest.raises(ValueError, match="without adapters"):
         eng.execute([(seq, 3)])
@@ -328,7 +329,7 @@ def test_the_hf_fallback_serves_no_adapter(tiny):
 def smol(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
-    from actorserve.engine.models import load_model, resolve_model
+    from actorserve.engine.weights.models import load_model, resolve_model
 
     clean = AutoModelForCausalLM.from_pretrained(str(resolve_model("default")), dtype=torch.float32,
                                                  local_files_only=True).eval()
@@ -345,7 +346,7 @@ def smol(tmp_path_factory):
 
 
 def _smol_engine(root, **load_kw):
-    from actorserve.engine.models import load_model
+    from actorserve.engine.weights.models import load_model
 
     model, _, _ = load_model("default", threads=2, **load_kw)
     eng = PagedLlamaRunner(model, num_blocks=64, block_size=16, sampler=RecordingGreedy())

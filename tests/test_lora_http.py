@@ -19,8 +19,8 @@ from openai import AsyncOpenAI
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import ModelConfig, SchedulerConfig, ServerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.http.app import build_app
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.http.edge.app import build_app
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.statemachines import LIFECYCLES
 
@@ -75,7 +75,7 @@ def world(tmp_path_factory):
 class serve:
     def __init__(self, world, *, lora_paths=(), max_loaded: int = 8, batch: BatchConfig | None = None):
         (model, hf_tok, tok), self.root, self.want = world
-        from actorserve.engine.runner import build_engine
+        from actorserve.engine.runners.runner import build_engine
         engine = build_engine(model, num_blocks=64, block_size=16, tokenizer=hf_tok, model_name=NAME,
                               max_loaded_loras=max_loaded)
         self.rt = Runtime(engine, config=SchedulerConfig(batch=batch or BatchConfig(), step_in_thread=True),
@@ -315,7 +315,7 @@ async def test_an_adapter_gone_after_the_route_checked_it_is_a_404_not_a_500(wor
     """The narrow race: the route saw the adapter, the scheduler no longer has it (an unload got
     there first). Played here by a route that believes any adapter name: the scheduler's refusal
     comes back as the OpenAI 404 (completions and chat; /v1/responses maps it the same way)."""
-    from actorserve.http import prepare
+    from actorserve.http.edge import prepare
     from actorserve.messages_lora import is_lora_refusal, lora_refusal
 
     async def believes(ctx, model):

@@ -1,4 +1,4 @@
-"""LoRA adapters as a lifecycle, through the real actors over the fake engine (`engine.fake_lora`):
+"""LoRA adapters as a lifecycle, through the real actors over the fake engine (`engine.runners.fake_lora`):
 holds from admission to every end, unload waiting for holders, shared loads, LRU eviction."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import random
 import threading
 
-from actorserve.engine.fake import FakeEngine
-from actorserve.engine.fake_lora import FakeLoraSlots
-from actorserve.engine.params import SamplingParams
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.engine.runners.fake_lora import FakeLoraSlots
+from actorserve.engine.scheduling.params import SamplingParams
 from actorserve.messages import (
     AbortRequest, ContinueGeneration, LoadLoraAdapter, PauseGeneration, UnloadLoraAdapter,
 )
@@ -217,7 +217,7 @@ async def test_a_load_that_fails_on_a_full_server_evicts_nothing(tmp_path):
 
 
 async def test_max_loras_bounds_the_adapters_of_a_step(tmp_path):
-    from actorserve.engine.batching import BatchConfig
+    from actorserve.engine.scheduling.batching import BatchConfig
     rt, engine, rec, _ = await make_runtime(loras=4, batch=BatchConfig(max_loras=2))
     for name in ("a1", "a2", "a3"):
         assert (await rt.control(LoadLoraAdapter(name, adapter(tmp_path, name)))).ok
@@ -286,7 +286,7 @@ async def test_200_mixed_requests_under_loads_and_unloads(tmp_path):
 
 
 async def test_metrics_count_requests_per_adapter(tmp_path):
-    from actorserve.http.metrics import Metrics
+    from actorserve.http.edge.metrics import Metrics
     rt, engine, rec, _ = await make_runtime(loras=2)
     assert (await rt.control(LoadLoraAdapter("a1", adapter(tmp_path, "a1")))).ok
     for name in ("a1", "a1", None):
@@ -305,7 +305,7 @@ def test_cli_flags_for_adapters():
 
     import pytest as _pytest
 
-    from actorserve.http import serve_cli
+    from actorserve.http.edge import serve_cli
 
     p = argparse.ArgumentParser()
     serve_cli.add_arguments(p)

@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from actorserve.engine import memory_release as mr
+from actorserve.engine.weights import memory_release as mr
 from actorserve.replay.check import check
 
 from http_support import assert_error, load_tiny, settle
@@ -37,9 +37,9 @@ def tiny():
 @pytest.fixture(scope="module")
 def smol():
     """SmolLM2 with `make serve`'s defaults: --dtype auto, --quantization auto."""
-    from actorserve.engine.dtype import resolve_dtype
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.engine.weights.dtype import resolve_dtype
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
 
     model, hf_tok, _ = load_model("default", threads=2, dtype=resolve_dtype("auto")[0], quantization="auto")
     return model, hf_tok, TextTokenizer(hf_tok, generation_config=model.generation_config)
@@ -303,7 +303,7 @@ async def test_the_spill_is_a_private_safetensors_file_and_a_failed_spill_frees_
 
 
 async def test_a_failed_wake_keeps_the_weights_discarded_and_can_be_retried(tiny):
-    from actorserve.http.state import CTX
+    from actorserve.http.edge.state import CTX
 
     async with serve(tiny) as (http, rt, rec):
         before, _ = await _ids(http)

@@ -10,9 +10,9 @@ import asyncio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.params import SamplingParams
-from actorserve.http.metric_names import BY_KEY, TABLE, exported
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.scheduling.params import SamplingParams
+from actorserve.http.edge.metric_names import BY_KEY, TABLE, exported
 from actorserve.messages import ContinueGeneration, PauseGeneration
 from http_support import NAME, load_tiny, serve, settle, until
 from runtime_helpers import assert_nothing_held, make_runtime
@@ -155,7 +155,7 @@ async def test_timings_are_the_lifecycles_seconds_per_state():
 
 
 async def test_an_aborted_request_has_no_timings_and_pooling_times_its_forward():
-    from actorserve.engine.params import PoolingParams
+    from actorserve.engine.scheduling.params import PoolingParams
 
     rt, _, _, clock = await make_runtime()
     steps = Steps(rt, clock)

@@ -1,12 +1,12 @@
 """Model families (issue 13 part 4): tiny random models built from a config, each against
 transformers' own forward and ``generate``.
 
-Paged (`engine.families`): Qwen3 (per-head q/k RMSNorm before RoPE), Qwen2 (q/k/v biases),
+Paged (`engine.runners.families`): Qwen3 (per-head q/k RMSNorm before RoPE), Qwen2 (q/k/v biases),
 Gemma (scaled embedding, ``(1 + w)`` RMSNorm, gelu-tanh MLP), Gemma2 (sandwich norms,
 soft-capped attention and final logits), Phi-3 (fused qkv and gate_up, also with partial
 rotary): greedy tokens of a batch of prompts of different lengths with a chunked prefill
 equal ``generate(do_sample=False)``, every step's logits equal one plain forward's, and so do
-those of a prefix-cache hit. Fallback (`engine.hf_fallback`): GPT-2, GPT-NeoX and Gemma3 (a
+those of a prefix-cache hit. Fallback (`engine.runners.hf_fallback`): GPT-2, GPT-NeoX and Gemma3 (a
 shape the paged runner does not take) with HF's KV cache: greedy tokens equal ``generate``,
 a decode step feeds the model one token, a retraction (or a changed token) rebuilds the
 cache from position 0, ``release`` drops it, prompt logprobs equal an independent forward.
@@ -22,9 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from actorserve.engine.block_manager import BlockManager
-from actorserve.engine.params import PoolingParams
-from actorserve.engine.runner import HFFallbackRunner, PagedLlamaRunner, build_engine, supports_paged
+from actorserve.engine.scheduling.block_manager import BlockManager
+from actorserve.engine.scheduling.params import PoolingParams
+from actorserve.engine.runners.runner import HFFallbackRunner, PagedLlamaRunner, build_engine, supports_paged
 
 from engine_driver import Driver, RecordingGreedy
 
@@ -210,7 +210,7 @@ def test_fallback_pooling_beside_generation():
     model = _build("gpt2")
     d, _ = make(model)
     prompt = PROMPTS[2]
-    from actorserve.engine.sequence import Sequence
+    from actorserve.engine.scheduling.sequence import Sequence
 
     score = Sequence("score", prompt, pooling=PoolingParams(task="score"))
     embed = Sequence("embed", prompt, pooling=PoolingParams(task="embed"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from actorserve import omp
-from actorserve.engine import quant
+from actorserve.engine.kernels import quant
 
 
 def test_defaults_fill_only_what_the_environment_leaves_unset(monkeypatch):

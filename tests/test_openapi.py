@@ -14,11 +14,11 @@ from pydantic import BaseModel, Field
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig, ServerConfig
-from actorserve.engine.fake import FakeEngine
-from actorserve.http import openapi
-from actorserve.http.app import build_app
-from actorserve.http.auth import OPEN_PATHS
-from actorserve.http.schemas import ChatCompletionRequest
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.http.edge import openapi
+from actorserve.http.edge.app import build_app
+from actorserve.http.edge.auth import OPEN_PATHS
+from actorserve.http.edge.schemas import ChatCompletionRequest
 
 KEY = "sekrit"
 

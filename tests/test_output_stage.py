@@ -5,8 +5,8 @@ Over the fake engine with a manual clock: each check is exact (quiesce, then loo
 
 from __future__ import annotations
 
-from actorserve.engine.fake import FakeDetokenizer, FakeEngine
-from actorserve.engine.params import PoolingParams, SamplingParams
+from actorserve.engine.runners.fake import FakeDetokenizer, FakeEngine
+from actorserve.engine.scheduling.params import PoolingParams, SamplingParams
 from actorserve.messages import AbortRequest, ContinueGeneration, FlushCache, PauseGeneration
 
 from runtime_helpers import assert_nothing_held, make_runtime

@@ -1,4 +1,4 @@
-"""Decode attention grouped by context length (`engine.paged_attention`): the groups, and
+"""Decode attention grouped by context length (`engine.runners.paged_attention`): the groups, and
 attention over them equal to attending each sequence alone over exactly its own context."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import random
 import torch
 import torch.nn.functional as F
 
-from actorserve.engine.block_tables import BlockTables
-from actorserve.engine.paged_attention import PagedKV, group_by_length, paged_attention, plan_step
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.runners.block_tables import BlockTables
+from actorserve.engine.runners.paged_attention import PagedKV, group_by_length, paged_attention, plan_step
+from actorserve.engine.scheduling.sequence import Sequence
 
 
 def test_groups_pad_to_at_most_twice_the_shortest_or_eight_blocks_more():

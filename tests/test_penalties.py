@@ -13,12 +13,12 @@ import random
 import pytest
 import torch
 
-from actorserve.engine import sampling
-from actorserve.engine.block_manager import BlockManager
-from actorserve.engine.params import SamplingParams
-from actorserve.engine.penalties import PenaltyState
-from actorserve.engine.sampling import apply_penalties, processed_probs
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.sampling import sampling
+from actorserve.engine.scheduling.block_manager import BlockManager
+from actorserve.engine.scheduling.params import SamplingParams
+from actorserve.engine.sampling.penalties import PenaltyState
+from actorserve.engine.sampling.sampling import apply_penalties, processed_probs
+from actorserve.engine.scheduling.sequence import Sequence
 
 
 def dense_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

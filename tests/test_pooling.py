@@ -252,8 +252,8 @@ async def test_embeddings_under_generation_load(tiny, minilm):
 
 @pytest.mark.model
 async def test_decoder_only_rerank_berlin_smollm2():
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
 
     model, hf_tok, _ = load_model("default", threads=2)
     tok = TextTokenizer(hf_tok)
@@ -277,9 +277,9 @@ async def test_cli_flags_and_built_server(tmp_path):
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from actorserve.engine import dense
-    from actorserve.http import serve_cli
-    from actorserve.http.server import build_runtime, make_app
+    from actorserve.engine.runners import dense
+    from actorserve.http.edge import serve_cli
+    from actorserve.http.edge.server import build_runtime, make_app
 
     p = argparse.ArgumentParser()
     serve_cli.add_arguments(p)

@@ -10,12 +10,12 @@ import pytest
 from actorserve.actors.clock import ManualClock
 from actorserve.actors.runtime import Overloaded, Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.block_manager import BlockManager
-from actorserve.engine.fake import FakeEngine
-from actorserve.engine.params import ParamError, SamplingParams
-from actorserve.engine.priority import PriorityLane, PriorityPolicy
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.scheduling.block_manager import BlockManager
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.engine.scheduling.params import ParamError, SamplingParams
+from actorserve.engine.scheduling.priority import PriorityLane, PriorityPolicy
+from actorserve.engine.scheduling.sequence import Sequence
 from actorserve.messages import QUEUE_TIMEOUT, ContinueGeneration, PauseGeneration
 from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder
@@ -273,8 +273,8 @@ async def test_over_http_priority_with_the_openai_client_and_sglang_generate(tin
         assert bad.status == 400 and (await bad.json())["error"]["param"] == "priority"
         metrics = await (await http.get("/metrics")).text()
         assert f'actorserve_priority_queue_time_seconds_count{{model_name="{NAME}",priority="-3"}} 1.0' in metrics
-        assert f'priority="4"}} 1.0' in metrics and f'priority="2"}} 1.0' in metrics
-        assert f'priority="7"}} 1.0' in metrics
+        assert 'priority="4"} 1.0' in metrics and 'priority="2"} 1.0' in metrics
+        assert 'priority="7"} 1.0' in metrics
         await settle(rt)
     async with serve(tiny) as (http, rt), \
             AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="x", max_retries=0) as oa:
@@ -293,8 +293,8 @@ async def test_over_http_a_queue_timeout_is_503_with_sglangs_message(tiny):
     from aiohttp.test_utils import TestClient, TestServer
 
     from actorserve.config import ModelConfig, ServerConfig
-    from actorserve.engine.runner import build_engine
-    from actorserve.http.app import build_app
+    from actorserve.engine.runners.runner import build_engine
+    from actorserve.http.edge.app import build_app
     from http_support import NAME, settle, until
 
     model, hf_tok, tok = tiny
@@ -326,7 +326,7 @@ async def test_over_http_a_queue_timeout_is_503_with_sglangs_message(tiny):
 def test_the_flags_in_vllms_and_sglangs_spellings():
     import argparse
 
-    from actorserve.http import serve_cli
+    from actorserve.http.edge import serve_cli
 
     p = argparse.ArgumentParser()
     serve_cli.add_arguments(p)

@@ -10,12 +10,12 @@ from __future__ import annotations
 from actorserve.actors.clock import ManualClock
 from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.base import StepPreempted
-from actorserve.engine.batching import BatchConfig, BatchPolicy
-from actorserve.engine.fake import FakeEngine
-from actorserve.engine.params import SamplingParams
-from actorserve.engine.priority import PriorityPolicy
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.scheduling.base import StepPreempted
+from actorserve.engine.scheduling.batching import BatchConfig, BatchPolicy
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.engine.scheduling.params import SamplingParams
+from actorserve.engine.scheduling.priority import PriorityPolicy
+from actorserve.engine.scheduling.sequence import Sequence
 from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder
 from actorserve.replay.reexec import reexecute
@@ -177,9 +177,9 @@ def test_the_runner_gives_up_at_a_layer_boundary_and_the_rerun_is_exact():
     run that was never interrupted."""
     import pytest
 
-    from actorserve.engine import models
-    from actorserve.engine.block_manager import BlockManager
-    from actorserve.engine.runner import PagedLlamaRunner
+    from actorserve.engine.weights import models
+    from actorserve.engine.scheduling.block_manager import BlockManager
+    from actorserve.engine.runners.runner import PagedLlamaRunner
 
     from engine_driver import Driver
 
@@ -219,7 +219,7 @@ def test_switch_interval_sets_the_interpreters_and_refuses_a_non_positive_one():
 
     import pytest
 
-    from actorserve.http import serve_cli
+    from actorserve.http.edge import serve_cli
 
     was = sys.getswitchinterval()
     try:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from actorserve.http.profile_routes import ALREADY, NOT_RUNNING, TORCH_PID
-from actorserve.http.state import CTX
+from actorserve.http.native.profile_routes import ALREADY, NOT_RUNNING, TORCH_PID
+from actorserve.http.edge.state import CTX
 from http_support import NAME, assert_error, load_tiny, serve, settle, until
 from actor_access import actor_of
 
@@ -225,7 +225,7 @@ async def test_activities_this_machine_cannot_record_are_skipped_and_said(tiny, 
 
 
 def test_step_stage_is_sglangs_forward_mode_split():
-    from actorserve.http.profile_plan import step_stage
+    from actorserve.http.native.profile_plan import step_stage
     assert step_stage([(7, 0, False)]) == "prefill"              # a prompt
     assert step_stage([(1, 0, False)]) == "prefill"              # its last chunk / a cached prompt's last token
     assert step_stage([(1, 3, False), (1, 5, False)]) == "decode"
@@ -235,7 +235,7 @@ def test_step_stage_is_sglangs_forward_mode_split():
 
 
 def test_step_plan_windows():
-    from actorserve.http.profile_plan import StepPlan
+    from actorserve.http.native.profile_plan import StepPlan
     log: list = []
     clock = iter(range(1000))
     plan = StepPlan(start_step=1, num_steps=2, stages=["prefill", "decode"], now_ns=lambda: next(clock),

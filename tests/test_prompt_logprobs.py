@@ -12,11 +12,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from actorserve.engine import models
-from actorserve.engine.block_manager import BlockManager
-from actorserve.engine.params import ParamError, SamplingParams
-from actorserve.engine.runner import HFFallbackRunner, PagedLlamaRunner
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.weights import models
+from actorserve.engine.scheduling.block_manager import BlockManager
+from actorserve.engine.scheduling.params import ParamError, SamplingParams
+from actorserve.engine.runners.runner import HFFallbackRunner, PagedLlamaRunner
+from actorserve.engine.scheduling.sequence import Sequence
 
 from engine_driver import Driver
 

@@ -1,4 +1,4 @@
-"""Weight-only quantized decode (`engine.quant`, `csrc/qgemv.c`): the Q4_1 / Q8_0 layouts round
+"""Weight-only quantized decode (`engine.kernels.quant`, `csrc/qgemv.c`): the Q4_1 / Q8_0 layouts round
 trip exactly on their own grids, the kernels equal a dense product with the dequantized
 weights for 1..8 rows (and the step pool's split changes no bit), wider steps take the dense
 weight, and on the default model (converted
@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from actorserve.engine import cbuild, paths, quant
+from actorserve.engine.kernels import cbuild, quant
+from actorserve.engine.runners import paths
 
 pytestmark = pytest.mark.skipif(cbuild.compiler() is None, reason="no C compiler to build the kernels")
 
@@ -249,8 +250,8 @@ def test_grouped_projections_are_one_call_equal_to_their_members(dtype):
 
 @pytest.mark.model
 def test_default_model_q4_is_its_own_weights_and_decodes_the_same():
-    from actorserve.engine.models import load_model
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.runners.runner import build_engine
     from test_dtype import PROMPTS, greedy
 
     model, tok, _ = load_model("default", threads=2)

@@ -1,7 +1,7 @@
 """A constraint on a reasoning model starts after its reasoning: on the tiny random Qwen3 of
 `test_reasoning_qwen3` (``<think>`` / ``</think>`` single tokens, a template that opens
 ``<think>``), a constrained request writes the model's own free text inside ``<think>`` ... and
-the grammar masks and advances only from the token after ``</think>`` (`engine.thinking.
+the grammar masks and advances only from the token after ``</think>`` (`engine.sampling.thinking.
 GrammarGate`); a thinking budget forces ``</think>`` and the grammar takes over; a pause,
 a retraction and a re-execution see the same tokens; without a reasoning parser nothing
 changes."""
@@ -16,11 +16,11 @@ import jsonschema
 import pytest
 import torch
 
-from actorserve.engine.params import ParamError, SamplingParams
-from actorserve.http.schemas import ChatCompletionRequest
-from actorserve.http.tools import plan_tools
-from actorserve.engine.sequence import Sequence
-from actorserve.engine.thinking import MAYBE, ON, THINK, GrammarGate, gate_state
+from actorserve.engine.scheduling.params import ParamError, SamplingParams
+from actorserve.http.edge.schemas import ChatCompletionRequest
+from actorserve.http.tools.tools import plan_tools
+from actorserve.engine.scheduling.sequence import Sequence
+from actorserve.engine.sampling.thinking import MAYBE, ON, THINK, GrammarGate, gate_state
 from actorserve.messages import ContinueGeneration, PauseGeneration
 from actorserve.replay.check import check
 from actorserve.replay.recorder import read_recording
@@ -73,7 +73,7 @@ def test_the_gate_follows_the_output_tokens():
 
 
 def test_mask_and_accept_skip_reasoning_and_let_think_open_an_answer(qwen3):
-    from actorserve.engine.grammar import GrammarBackend, accept, mask_rows
+    from actorserve.engine.sampling.grammar import GrammarBackend, accept, mask_rows
     model, hf_tok, _ = qwen3
     start, end = _ids(qwen3)
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -277,7 +277,7 @@ async def test_a_recorded_run_reexecutes_with_its_gate(qwen3, tmp_path):
 def test_the_plan_gates_a_constraint_unless_the_prompt_closed_reasoning(qwen3):
     from types import SimpleNamespace
 
-    from actorserve.http.reasoning_plan import plan_reasoning
+    from actorserve.http.openai.reasoning_plan import plan_reasoning
     _, _, tok = qwen3
     think = _ids(qwen3)
     body = SimpleNamespace(max_thinking_tokens=None, thinking_token_budget=None, thinking_budget=None)

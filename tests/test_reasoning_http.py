@@ -16,9 +16,9 @@ from openai import AsyncOpenAI
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig, ServerConfig
-from actorserve.engine.fake import FakeEngine
-from actorserve.http import serve_cli
-from actorserve.http.app import build_app
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.http.edge import serve_cli
+from actorserve.http.edge.app import build_app
 
 from http_support import assert_error
 
@@ -38,8 +38,8 @@ def thinking_tokenizer(template: str = TEMPLATE):
     own tokenizer has them: they stay in the decoded text."""
     from transformers import AutoTokenizer
 
-    from actorserve.engine.models import resolve_model
-    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.engine.weights.models import resolve_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(resolve_model("tiny")), local_files_only=True)
     hf.add_tokens(["<think>", "</think>"])
@@ -204,8 +204,8 @@ async def test_without_a_parser_text_is_untouched_and_a_budget_is_refused():
 async def test_budget_needs_single_token_tags():
     from transformers import AutoTokenizer
 
-    from actorserve.engine.models import resolve_model
-    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.engine.weights.models import resolve_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
 
     plain = TextTokenizer(AutoTokenizer.from_pretrained(str(resolve_model("tiny")), local_files_only=True),
                           chat_template=TEMPLATE)

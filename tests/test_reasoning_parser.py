@@ -1,5 +1,5 @@
-"""The reasoning split (`http.reasoning`) as pure text, and the thinking budget's counter and
-mask (`engine.thinking`) on scripted token streams: every split point of the tags, in two and
+"""The reasoning split (`http.openai.reasoning`) as pure text, and the thinking budget's counter and
+mask (`engine.sampling.thinking`) on scripted token streams: every split point of the tags, in two and
 three deltas and character by character, gives what the whole text gives."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import itertools
 import pytest
 import torch
 
-from actorserve.engine.params import ParamError, SamplingParams
-from actorserve.engine.sampling import sample
-from actorserve.engine.sequence import Sequence
-from actorserve.engine.thinking import ThinkCounter, count_reasoning, over_budget
-from actorserve.http.reasoning import FORMATS, ReasoningSplit, get_format, prompt_opens, split_text
+from actorserve.engine.scheduling.params import ParamError, SamplingParams
+from actorserve.engine.sampling.sampling import sample
+from actorserve.engine.scheduling.sequence import Sequence
+from actorserve.engine.sampling.thinking import ThinkCounter, count_reasoning, over_budget
+from actorserve.http.openai.reasoning import FORMATS, ReasoningSplit, get_format, prompt_opens, split_text
 
 QWEN3, R1 = FORMATS["qwen3"], FORMATS["deepseek-r1"]
 

@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 
-from actorserve.engine.params import SamplingParams
-from actorserve.engine.runner import PagedLlamaRunner, build_engine
-from actorserve.engine.tokenizer import TextTokenizer
+from actorserve.engine.scheduling.params import SamplingParams
+from actorserve.engine.runners.runner import PagedLlamaRunner, build_engine
+from actorserve.engine.text.tokenizer import TextTokenizer
 
 from http_support import serve, settle
 
@@ -29,7 +29,7 @@ ASK = [{"role": "user", "content": "Count to three."}]
 def qwen3(tmp_path_factory):
     import transformers as tr
 
-    from actorserve.engine.models import load_model, resolve_model
+    from actorserve.engine.weights.models import load_model, resolve_model
 
     folder = tmp_path_factory.mktemp("tiny-qwen3")
     tok = tr.AutoTokenizer.from_pretrained(str(resolve_model("tiny")), local_files_only=True)

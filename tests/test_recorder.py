@@ -6,7 +6,7 @@ import json
 
 from actorserve.actors.clock import ManualClock
 from actorserve.cli import main as cli
-from actorserve.engine.params import SamplingParams
+from actorserve.engine.scheduling.params import SamplingParams
 from actorserve.messages import AbortRequest, ContinueGeneration, PauseGeneration
 from actorserve.replay.check import check
 from actorserve.replay.recorder import FIELDS, FlightRecorder, read_recording

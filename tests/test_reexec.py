@@ -21,9 +21,9 @@ from actorserve.actors.clock import ManualClock
 from actorserve.actors.runtime import Runtime
 from actorserve.cli import main as cli
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig, BatchPolicy
-from actorserve.engine.fake import FakeDetokenizer, FakeEngine
-from actorserve.engine.params import PoolingParams, SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig, BatchPolicy
+from actorserve.engine.runners.fake import FakeDetokenizer, FakeEngine
+from actorserve.engine.scheduling.params import PoolingParams, SamplingParams
 from actorserve.messages import (
     AbortRequest, CloseSession, ContinueGeneration, FlushCache, HealthCheck, OpenSession,
     PauseGeneration, SessionBegin,

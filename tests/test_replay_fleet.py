@@ -20,9 +20,9 @@ from actorserve.actors.clock import ManualClock
 from actorserve.actors.runtime import Runtime
 from actorserve.cli import main as cli
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.fake import FakeEngine
-from actorserve.engine.params import SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.runners.fake import FakeEngine
+from actorserve.engine.scheduling.params import SamplingParams
 from actorserve.messages import CloseSession, OpenSession, PauseGeneration, SessionBegin
 from actorserve.replay.check import check
 from actorserve.replay.fleet import check_each, cross_check, load_replicas, merged, recording_path
@@ -86,7 +86,7 @@ def test_record_dir_means_one_file_per_replica(tmp_path):
 def test_serve_flags_put_the_replica_in_the_config(tmp_path):
     import argparse
 
-    from actorserve.http import serve_cli
+    from actorserve.http.edge import serve_cli
 
     p = argparse.ArgumentParser()
     serve_cli.add_arguments(p)

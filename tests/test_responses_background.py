@@ -24,11 +24,11 @@ from openai import AsyncOpenAI
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import ModelConfig, RecorderConfig, SchedulerConfig, ServerConfig
-from actorserve.engine.fake import FakeEngine
+from actorserve.engine.runners.fake import FakeEngine
 from actorserve.fleet.front import Front
 from actorserve.fleet.supervisor import Fleet, ReplicaState
-from actorserve.http.app import build_app
-from actorserve.http.state import CTX
+from actorserve.http.edge.app import build_app
+from actorserve.http.edge.state import CTX
 from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder, read_recording
 from actorserve.replay.reexec import reexecute

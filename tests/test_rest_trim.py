@@ -54,5 +54,5 @@ async def test_trims_on_the_step_thread_of_a_real_runtime():
         assert threads == [threads[0]] and threads[0].startswith("actorserve-step")
         r = await http.post("/generate", json={"text": "again", "sampling_params": {"max_new_tokens": 4}})
         assert r.status == 200                # the server serves on after a trim
-        from actorserve.engine.memory_release import malloc_trim
+        from actorserve.engine.weights.memory_release import malloc_trim
         malloc_trim()                         # the real call is harmless (False without glibc)

@@ -117,9 +117,9 @@ async def test_slime_tensor_refit_sequence(folders):  # noqa: F811
         after = await (await http.post("/generate", json={
             "input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 8, "temperature": 0}})).json()
         assert after["meta_info"]["weight_version"] == "3" and after["output_ids"] != before["output_ids"]
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
-    from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
+    from actorserve.http.edge.server import FALLBACK_CHAT_TEMPLATE
     model, hf_tok, _ = load_model(str(new), threads=1)                 # a fresh server on those weights
     async with serve((model, hf_tok, TextTokenizer(hf_tok, chat_template=FALLBACK_CHAT_TEMPLATE))) as (http, rt):
         fresh = await (await http.post("/generate", json={

@@ -9,9 +9,9 @@ import threading
 import pytest
 
 from actorserve.actors.runtime import DuplicateRequestId
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.fake import FakeDetokenizer, FakeEngine
-from actorserve.engine.params import PoolingParams, SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.runners.fake import FakeDetokenizer, FakeEngine
+from actorserve.engine.scheduling.params import PoolingParams, SamplingParams
 from actorserve.messages import (
     Aborted, AbortRequest, ContinueGeneration, FlushCache, PauseGeneration, Release,
 )
@@ -226,7 +226,7 @@ async def test_abort_by_rid_prefix_and_all_and_empty_rid_matches_nothing():
 
 
 async def test_abort_all_over_ten_thousand_queued_requests_ends_each_aborted_exactly_once():
-    """The waiting lanes remove in O(1) (`engine.lane`); abort-all over 10,000 queued requests
+    """The waiting lanes remove in O(1) (`engine.scheduling.lane`); abort-all over 10,000 queued requests
     (and a few running ones) ends each of them aborted, once, and leaves nothing held."""
     rt, engine, rec, _ = await make_runtime()
     running = [rt.generate([1, i], SamplingParams(max_new_tokens=50, ignore_eos=True)) for i in range(3)]

@@ -1,7 +1,7 @@
 """Sampler: greedy, temperature, truncation masks, penalties, seeds, logprobs.
 
 The property tests compare `sample` and `processed_probs` with `reference_probs`, a plain-Python
-reading of the definitions that shares no code with `actorserve.engine.sampling`."""
+reading of the definitions that shares no code with `actorserve.engine.sampling.sampling`."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 from hypothesis import assume, example, given, settings, strategies as st
 
-from actorserve.engine import sampling
-from actorserve.engine.params import SamplingParams
-from actorserve.engine.sampling import apply_penalties, get_generator, processed_probs, sample
-from actorserve.engine.sequence import Sequence
+from actorserve.engine.sampling import sampling
+from actorserve.engine.scheduling.params import SamplingParams
+from actorserve.engine.sampling.sampling import apply_penalties, get_generator, processed_probs, sample
+from actorserve.engine.scheduling.sequence import Sequence
 
 
 def _seq(prompt=(1, 2, 3), output=(), rid="r", **params) -> Sequence:
@@ -39,7 +39,7 @@ def reference_probs(logits: list[float], prompt: list[int], output: list[int],
     output, then (HF's order of warpers) temperature, top-k, top-p over the top-k-renormalised
     distribution (the smallest most-likely prefix whose mass reaches top_p), min-p relative to
     the most likely token. Greedy (temperature 0 or top_k 1) is one-hot on the first argmax.
-    Shares nothing with `actorserve.engine.sampling`; raises `Fragile` on a boundary."""
+    Shares nothing with `actorserve.engine.sampling.sampling`; raises `Fragile` on a boundary."""
     x = [float(v) for v in logits]
     vocab = len(x)
     rep = sp.repetition_penalty

@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.params import SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.scheduling.params import SamplingParams
 from actorserve.messages import ContinueGeneration, PauseGeneration
 from actorserve.replay.check import check
 from actorserve.replay.recorder import Event
@@ -112,9 +112,9 @@ def test_a_recording_with_the_old_retracted_state_still_checks():
 
 def test_the_queues_part_keeps_lanes_and_frees_an_inflight_member_after_its_step():
     from actorserve.actors.queues import Queues
-    from actorserve.engine.block_manager import BlockManager
-    from actorserve.engine.lane import Lane
-    from actorserve.engine.sequence import Sequence
+    from actorserve.engine.scheduling.block_manager import BlockManager
+    from actorserve.engine.scheduling.lane import Lane
+    from actorserve.engine.scheduling.sequence import Sequence
     from actorserve.messages import AbortRequest as Abort
 
     bm, released = BlockManager(8, 4), []

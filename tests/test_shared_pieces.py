@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from actorserve.engine.base import EngineInfo, context_capacity
-from actorserve.http.errors import FieldError
-from actorserve.http.native_schemas import NativeSampling
-from actorserve.http.responses_schemas import ResponsesRequest
-from actorserve.http.sampling_fields import to_sampling
-from actorserve.http.schemas import ChatCompletionRequest
+from actorserve.engine.scheduling.base import EngineInfo, context_capacity
+from actorserve.http.edge.errors import FieldError
+from actorserve.http.native.native_schemas import NativeSampling
+from actorserve.http.responses.responses_schemas import ResponsesRequest
+from actorserve.http.edge.sampling_fields import to_sampling
+from actorserve.http.edge.schemas import ChatCompletionRequest
 from actorserve.messages import RequestOutput, merge_outputs
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from actorserve.http import sse
+from actorserve.http.edge import sse
 
 
 class StuckResponse:

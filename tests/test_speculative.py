@@ -1,4 +1,4 @@
-"""Speculative decoding without a draft model (`engine.speculative`, ``--speculative ngram``).
+"""Speculative decoding without a draft model (`engine.scheduling.speculative`, ``--speculative ngram``).
 
 The promise: a greedy request's output is the same token for token with and without
 speculation, however its step ends (length, EOS or a stop token inside the accepted drafts, a
@@ -13,11 +13,11 @@ import random
 
 import pytest
 
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.fake import FakeDetokenizer
-from actorserve.engine.params import SamplingParams
-from actorserve.engine.sequence import Sequence
-from actorserve.engine.speculative import NgramIndex, SpecConfig, accepted, eligible
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.runners.fake import FakeDetokenizer
+from actorserve.engine.scheduling.params import SamplingParams
+from actorserve.engine.scheduling.sequence import Sequence
+from actorserve.engine.scheduling.speculative import NgramIndex, SpecConfig, accepted, eligible
 from actorserve.replay.check import check
 from actorserve.replay.reexec import reexecute, steps_of
 from actorserve.replay.stats import speculation
@@ -156,7 +156,7 @@ async def test_speculation_stops_above_its_batch_limit_and_for_an_engine_that_ca
     _, stats, _ = await _run(BatchConfig(speculative="ngram", speculative_max_batch=3), reqs)
     assert stats.spec_steps > 0
 
-    from actorserve.engine.fake import FakeEngine
+    from actorserve.engine.runners.fake import FakeEngine
 
     class Plain(FakeEngine):
         verifies_drafts = False
@@ -178,7 +178,7 @@ def tiny():
 def _real_runtime(model, hf_tok, batch: BatchConfig):
     from actorserve.actors.runtime import Runtime
     from actorserve.config import SchedulerConfig
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.runners.runner import build_engine
     from actorserve.replay.recorder import FlightRecorder
     from actorserve.statemachines import LIFECYCLES
 

@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 
 from actorserve.actors.runtime import Runtime
 from actorserve.config import SchedulerConfig
-from actorserve.engine.batching import BatchConfig
-from actorserve.engine.params import SamplingParams
+from actorserve.engine.scheduling.batching import BatchConfig
+from actorserve.engine.scheduling.params import SamplingParams
 from actorserve.messages import AbortRequest, ContinueGeneration, PauseGeneration
 from actorserve.replay.check import check
 from actorserve.replay.recorder import FlightRecorder, read_recording
@@ -155,7 +155,7 @@ async def test_a_stop_string_inside_a_grammar_ends_the_request(smol):
 
 
 async def runtime(smol, **kw) -> Runtime:
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.runners.runner import build_engine
     model, hf_tok, tok = smol
     engine = build_engine(model, num_blocks=512, block_size=16, tokenizer=hf_tok, model_name=NAME)
     rt = Runtime(engine, config=SchedulerConfig(batch=BatchConfig(max_num_seqs=16), step_in_thread=True),

@@ -126,9 +126,9 @@ async def test_a_token_the_grammar_refuses_fails_that_request_alone(tiny):
     the grammar: the matcher refuses it, that request fails, its neighbour in the step goes on."""
     from actorserve.actors.runtime import Runtime
     from actorserve.config import SchedulerConfig
-    from actorserve.engine.params import SamplingParams
-    from actorserve.engine.runner import build_engine
-    from actorserve.engine.sampling import sample
+    from actorserve.engine.scheduling.params import SamplingParams
+    from actorserve.engine.runners.runner import build_engine
+    from actorserve.engine.sampling.sampling import sample
     from actorserve.replay.check import check
     from actorserve.replay.recorder import FlightRecorder
     from actorserve.statemachines import LIFECYCLES

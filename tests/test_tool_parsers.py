@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from actorserve.http.tool_parsers import (PARSERS, ContentDelta, ToolCall, ToolCallDelta, ToolParser,
+from actorserve.http.tools.tool_parsers import (PARSERS, ContentDelta, ToolCall, ToolCallDelta, ToolParser,
                                           get_parser, parser_for_template)
 
 WEATHER = {"type": "function", "function": {
@@ -219,7 +219,7 @@ def compiler():  # type: ignore[no-untyped-def]
     xgr = pytest.importorskip("xgrammar")
     from transformers import AutoTokenizer
 
-    from actorserve.engine.models import resolve_model
+    from actorserve.engine.weights.models import resolve_model
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model("default")), local_files_only=True)
     info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=49152, stop_token_ids=[tok.eos_token_id])

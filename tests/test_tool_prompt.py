@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from actorserve.http.errors import FieldError, to_api_error
-from actorserve.http.tool_parsers import get_parser
-from actorserve.http.tool_prompt import (prepare_messages, template_takes_tools, validate_tool_choice,
+from actorserve.http.edge.errors import FieldError, to_api_error
+from actorserve.http.tools.tool_parsers import get_parser
+from actorserve.http.tools.tool_prompt import (prepare_messages, template_takes_tools, validate_tool_choice,
                                          validate_tools)
 
 WEATHER = {"type": "function", "function": {
@@ -37,7 +37,7 @@ TOOL_TEMPLATE = (
 def smol_tokenizer():  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    from actorserve.engine.models import resolve_model
+    from actorserve.engine.weights.models import resolve_model
 
     return AutoTokenizer.from_pretrained(str(resolve_model("default")), local_files_only=True)
 

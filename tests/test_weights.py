@@ -29,7 +29,7 @@ def folders(tmp_path_factory):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from actorserve.engine.models import resolve_model
+    from actorserve.engine.weights.models import resolve_model
 
     src = resolve_model("tiny")
     new = tmp_path_factory.mktemp("tiny_new")
@@ -101,9 +101,9 @@ async def test_update_from_disk_serves_the_new_weights(folders):
         assert [e.data["version"] for e in versions] == ["v2"]
         assert check(rt.recorder.events()).ok
     # a fresh server loaded from the new folder answers the same
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
-    from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
+    from actorserve.http.edge.server import FALLBACK_CHAT_TEMPLATE
     model, hf_tok, _ = load_model(str(new), threads=1)
     async with serve((model, hf_tok, TextTokenizer(hf_tok, chat_template=FALLBACK_CHAT_TEMPLATE))) as (http, rt):
         fresh, _ = await _ids(http)
@@ -139,7 +139,7 @@ async def test_the_server_answers_while_the_folder_is_read(folders, monkeypatch)
     thread and the new weights answer as a fresh load of the folder does."""
     import threading
 
-    from actorserve.engine import refit
+    from actorserve.engine.weights import refit
     new, _ = folders
     entered, gate, threads = threading.Event(), threading.Event(), {}
     real_read, real_apply = refit._read_folder, refit.apply_checked
@@ -191,7 +191,7 @@ async def test_the_server_answers_during_the_copy_and_no_step_overlaps_it(folder
     (no KV of the old ones: the cache was flushed before the copy)."""
     import threading
 
-    from actorserve.engine import refit
+    from actorserve.engine.weights import refit
     new, _ = folders
     entered, gate, real_apply = threading.Event(), threading.Event(), refit.apply_checked
 
@@ -230,8 +230,8 @@ async def test_steps_inline_the_copy_runs_inline(folders, monkeypatch):
 
     from actorserve.actors.runtime import Runtime
     from actorserve.config import SchedulerConfig
-    from actorserve.engine import refit
-    from actorserve.engine.runner import build_engine
+    from actorserve.engine.weights import refit
+    from actorserve.engine.runners.runner import build_engine
     from actorserve.messages import GetWeightsByName, UpdateWeightsFromDisk
     from actorserve.replay.recorder import FlightRecorder
     from actorserve.statemachines import LIFECYCLES
@@ -333,9 +333,9 @@ async def test_abort_all_requests_ends_running_ones_with_their_partial_tokens(fo
 
 
 def _tiny(folder: str = "tiny", quantization: str | None = None):
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
-    from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
+    from actorserve.http.edge.server import FALLBACK_CHAT_TEMPLATE
     model, hf_tok, _ = load_model(folder, threads=1, quantization=quantization)
     return model, hf_tok, TextTokenizer(hf_tok, chat_template=FALLBACK_CHAT_TEMPLATE)
 
@@ -416,9 +416,9 @@ async def test_smollm2_q4_fused_decode_follows_the_weights(monkeypatch):
     """SmolLM2 with its q4 copies and the fused decode step: swapped layers change the greedy
     output, and swapping them back gives the first output exactly (no derived copy is stale).
     The folder read is replaced by the model's own tensors (no 500 MB written to disk)."""
-    from actorserve.engine import refit
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.engine.weights import refit
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
 
     model, hf_tok, _ = load_model("default", threads=2, quantization="auto")
     smol = (model, hf_tok, TextTokenizer(hf_tok, generation_config=model.generation_config))
@@ -494,9 +494,9 @@ async def test_update_from_tensor_a_subset_serves_as_a_fresh_server_with_those_w
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actorserve.engine.models import load_model, resolve_model
-    from actorserve.engine.tokenizer import TextTokenizer
-    from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+    from actorserve.engine.weights.models import load_model, resolve_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
+    from actorserve.http.edge.server import FALLBACK_CHAT_TEMPLATE
     src = resolve_model("tiny")                       # a folder: tiny with those weights
     ref = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, local_files_only=True)
     with torch.no_grad():

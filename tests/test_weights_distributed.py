@@ -1,6 +1,6 @@
 """Weights from a trainer process over torch.distributed (gloo): `/init_weights_update_group`,
 `/update_weights_from_distributed`, `/destroy_weights_update_group`, against a server in this
-process and a real trainer process (`python -m actorserve.engine.weights_group`, SGLang's
+process and a real trainer process (`python -m actorserve.engine.weights.weights_group`, SGLang's
 recipe: it joins as rank 0 hosting the TCP store while it posts the init, and broadcasts each
 tensor while it posts the update, with SGLang's client bodies)."""
 
@@ -50,7 +50,7 @@ def tiny_folders(tmp_path_factory):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from actorserve.engine.models import resolve_model
+    from actorserve.engine.weights.models import resolve_model
     src = str(resolve_model("tiny"))
     new = _perturbed(src, tmp_path_factory.mktemp("tiny_new"), 1234, 1.0)
     other = tmp_path_factory.mktemp("tiny_other")
@@ -74,7 +74,7 @@ class Trainer:
                "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
         args = [a for k, f in self.weights.items() for a in ("--weights", f"{k}={f}")]
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "actorserve.engine.weights_group", "--server", self.url, *args,
+            sys.executable, "-m", "actorserve.engine.weights.weights_group", "--server", self.url, *args,
             "--timeout", "60", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
         ready = await self._line()
         assert ready["op"] == "ready", ready
@@ -140,7 +140,7 @@ async def _refused(http, route, body, param, status=400) -> dict:
 
 @pytest.fixture(scope="module")
 def smol_new(tmp_path_factory):
-    from actorserve.engine.models import resolve_model
+    from actorserve.engine.weights.models import resolve_model
     return _perturbed(str(resolve_model("default")), tmp_path_factory.mktemp("smol_new"), 7, 0.05)
 
 
@@ -180,8 +180,8 @@ async def test_a_trainer_broadcast_of_all_smollm2_weights_serves_as_a_fresh_serv
         assert [e.event for e in reads] == ["read"] and reads[0].data["tensors"] == len(_served_tensors(rt.engine))
         assert [e.event for e in rt.recorder.events(kind="weights_group")] == ["joined", "destroyed"]
         assert check(rt.recorder.events()).ok
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
     model, hf_tok, _ = load_model(str(smol_new), threads=2)
     async with serve((model, hf_tok, TextTokenizer(hf_tok, generation_config=model.generation_config)),
                      name="smol") as (http, rt):
@@ -190,7 +190,7 @@ async def test_a_trainer_broadcast_of_all_smollm2_weights_serves_as_a_fresh_serv
 
 
 async def test_bad_bodies_are_400_and_the_server_keeps_serving(monkeypatch):
-    from actorserve.engine import weights_group
+    from actorserve.engine.weights import weights_group
     monkeypatch.setattr(weights_group, "INIT_TIMEOUT_S", 1.0)
     async with serve(load_tiny()) as (http, rt):
         before, _ = await _ids(http, TINY_PROMPT)
@@ -257,9 +257,9 @@ async def test_a_mismatch_is_received_then_refused_and_the_group_stays_usable(ti
             assert check(rt.recorder.events()).ok
         # the server (the `serve` block) ends with the group still open: shutdown destroys it
     await until(lambda: "g2" not in _world.pg_names.values())
-    from actorserve.engine.models import load_model
-    from actorserve.engine.tokenizer import TextTokenizer
-    from actorserve.http.server import FALLBACK_CHAT_TEMPLATE
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.text.tokenizer import TextTokenizer
+    from actorserve.http.edge.server import FALLBACK_CHAT_TEMPLATE
     model, hf_tok, _ = load_model(str(new), threads=1)
     async with serve((model, hf_tok, TextTokenizer(hf_tok, chat_template=FALLBACK_CHAT_TEMPLATE))) as (http, rt):
         fresh, _ = await _ids(http, TINY_PROMPT)

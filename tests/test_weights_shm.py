@@ -1,6 +1,6 @@
 """SGLang's own `/update_weights_from_tensor` forms (null/direct, LocalSerializedTensor,
 slime's flattened_bucket): tensors shared by a real sender process through shared memory, read
-by the allow-listed unpickler (`engine/refit_shm.py`); anything else in the pickle refused
+by the allow-listed unpickler (`engine/weights/refit_shm.py`); anything else in the pickle refused
 before it runs."""
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ async def test_shared_memory_forms_refuse_what_is_not_a_tensor(subset_file, tmp_
 def test_shared_memory_forms_only_from_this_host():
     from types import SimpleNamespace
 
-    from actorserve.http.errors import APIError
-    from actorserve.http.weights_routes import UpdateFromTensorBody, _blobs
+    from actorserve.http.edge.errors import APIError
+    from actorserve.http.native.weights_routes import UpdateFromTensorBody, _blobs
     body = UpdateFromTensorBody.model_validate({"serialized_named_tensors": ["gAQ="]})
     assert _blobs(body, SimpleNamespace(remote="127.0.0.1")) == (b"\x80\x04",)
     assert _blobs(body, SimpleNamespace(remote="::1")) == (b"\x80\x04",)

@@ -7,7 +7,7 @@ resident``, with ``failed`` on the way back when a release or a resume could not
 release is a control record like a flush: the control actor fires ``release`` on each resident
 tag asked for and asks the scheduler `FreeMemory`, which refuses while any request holds KV (the
 tags go ``releasing -> failed -> resident``: pause first) and otherwise frees them between two
-steps on the step thread (`actors.scheduler_memory`, `engine.memory_release`). A resume is the
+steps on the step thread (`actors.scheduler_memory`, `engine.weights.memory_release`). A resume is the
 same with `RestoreMemory`. Asking for a tag already released (or already resident) changes
 nothing and answers success, saying so; a tag being released or resumed is a refusal.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..engine.lane import Lane
+from ..engine.scheduling.lane import Lane
 from ..messages import AbortRequest
 
 

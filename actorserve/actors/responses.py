@@ -17,7 +17,7 @@ with it unchanged (OpenAI: cancelling is idempotent); a synchronous response's i
 A response's *record* is what a continuation (``previous_response_id``) is composed from: its
 conversation as chat messages (input and output), its input items, and where its tokens live,
 the session it ran in, its rid there and its prompt + output token ids. The HTTP layer
-(`http.responses_routes`) makes and reads these records; the store only keeps them.
+(`http.responses.responses_routes`) makes and reads these records; the store only keeps them.
 
 The store is bounded (``capacity``, ``--responses-store``): past it, the response that ended
 longest ago is evicted (responses in progress are never evicted). When the last stored response

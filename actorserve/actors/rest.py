@@ -43,7 +43,7 @@ class RestTrimmer:
                  trim: Callable[[], bool] | None = None) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0, got {interval}")
-        from ..engine.memory_release import malloc_trim
+        from ..engine.weights.memory_release import malloc_trim
         self.scheduler, self.system, self.interval = scheduler, system, interval
         self.trim = trim or malloc_trim
         self._seen_steps = -1          # steps_done at the last look (-1: never looked)

@@ -48,10 +48,10 @@ import uuid
 from typing import Any, Callable
 
 from ..config import SchedulerConfig
-from ..engine.base import Engine
-from ..engine.heads import apply_head
-from ..engine.params import ParamError, PoolingParams, SamplingParams
-from ..engine.sequence import Sequence
+from ..engine.scheduling.base import Engine
+from ..engine.pooling.heads import apply_head
+from ..engine.scheduling.params import ParamError, PoolingParams, SamplingParams
+from ..engine.scheduling.sequence import Sequence
 from ..messages import (
     DEADLINE_EXCEEDED, AbortRequest, ControlResult, Delivered, Drain, HealthDone, OpenSession,
     ResponseBegin, ResponseCancel, ResponseDelete, ResponseEnd, ResponseStarted, ServerEvent, SessionEnd,
@@ -80,7 +80,7 @@ def _pool_scheduler(key: str, engine: Engine, cfg: SchedulerConfig, stage: Actor
     """A scheduler for a pooling engine: batch limits from the engine when it has them
     (an encoder runs each input whole), no prefix cache (an encoder has no KV to reuse). Its
     configuration as plain data goes to `setups` (the recording's set-up)."""
-    from ..engine.block_manager import BlockManager
+    from ..engine.scheduling.block_manager import BlockManager
     limits = getattr(engine, "batch_config", None)
     name = f"scheduler:{key}"
     batch = batch_it_runs(engine, limits() if callable(limits) else cfg.batch, name)
@@ -355,7 +355,7 @@ class Runtime(RuntimeReads, RuntimeHooks):
              rid: str | None = None, is_probe: bool = False, target: str | None = None,
              deadline_s: float | None = None) -> RequestHandle:
         """A pooling request; ``target`` names a pooling engine, None = the generation engine.
-        Its result is what ``pooling.head`` makes of the pooled value (`engine.heads`)."""
+        Its result is what ``pooling.head`` makes of the pooled value (`engine.pooling.heads`)."""
         if target is not None and target not in self.pool_refs:
             raise KeyError(f"no pooling engine {target!r} is loaded")
         sched = self.sched_ref if target is None else self.pool_refs[target]

@@ -36,10 +36,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..engine.base import Engine, StepPreempted
-from ..engine.batching import BatchConfig
-from ..engine.block_manager import BlockManager
-from ..engine.priority import make_policy
+from ..engine.scheduling.base import Engine, StepPreempted
+from ..engine.scheduling.batching import BatchConfig
+from ..engine.scheduling.block_manager import BlockManager
+from ..engine.scheduling.priority import make_policy
 from ..messages import (
     QUEUE_TIMEOUT, AbortRequest, Aborted, BatchWindowClosed, Failed, Forget, OutputsDone,
     PoolOut, PrefillProgress, Progress, ProgressQuery, QueueTimeout, Release, Retracted, Scheduled,

@@ -3,7 +3,7 @@
 weights (`LoadWeights`, `SetWeightVersion`, `GetWeightsByName`).
 
 * `LoadWeights` copies weights already read and checked off the loop (by the control actor)
-  into the engine in place (`engine.refit.apply_checked`) when no step is in flight and no
+  into the engine in place (`engine.weights.refit.apply_checked`) when no step is in flight and no
   request holds KV (else answers busy, and the control record waits for idle as a flush does).
   It flushes the prefix cache first, then runs the copy where the steps run: on their worker
   thread, queued so that the next step starts after it (its outcome comes back to the scheduler
@@ -127,7 +127,7 @@ class SchedulerControl(SchedulerLora):
     # -- weights -------------------------------------------------------------------------------
     @handles(LoadWeights)
     def _load_weights(self, msg: LoadWeights) -> Any:
-        from ..engine import refit
+        from ..engine.weights import refit
         if self.state in STEP_IN_FLIGHT or self.running:
             return ControlResult(False, f"engine busy: {len(self.running)} requests hold KV",
                                  {"busy": len(self.running)})
@@ -200,7 +200,7 @@ class SchedulerControl(SchedulerLora):
 
     @handles(GetWeightsByName)
     def _weights_by_name(self, msg: GetWeightsByName) -> ControlResult:
-        from ..engine import refit
+        from ..engine.weights import refit
         if self._loading is not None:
             return ControlResult(False, "the weights are being updated; ask again when the update is done")
         try:

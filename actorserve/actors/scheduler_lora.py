@@ -3,7 +3,7 @@ to `SchedulerActor` as `adapters=`; its thin handlers are `SchedulerLora`, a bas
 
 Each adapter is a `LoraModel` walking the LORA lifecycle (``loading -> ready -> unloading ->
 unloaded``, ``loading -> failed``, ``ready -> unloaded`` when evicted), created and fired here,
-on the recording like every lifecycle. The engine's slots (``engine.lora``: `engine.lora.LoraSlots`,
+on the recording like every lifecycle. The engine's slots (``engine.weights.lora``: `engine.weights.lora.LoraSlots`,
 or the fake engine's) hold the weights; this module decides when they are touched:
 
 * **Load** (`LoadLora`, asked by the control actor): a new ``loading`` model, and the folder is
@@ -15,7 +15,7 @@ or the fake engine's) hold the weights; this module decides when they are touche
   ready, unpinned and held by no request is evicted first (``evict``); none: the load is
   refused and nothing changes.
 * **Holds**: a request naming an adapter holds it from its admission here (`Submit.lora`:
-  ``engine.lora.acquire``, ``seq.lora`` set) until its sequence is released after its end,
+  ``engine.weights.lora.acquire``, ``seq.lora`` set) until its sequence is released after its end,
   whatever the end (done, stop string, abort, failure, deadline, shutdown): the scheduler
   releases the hold where it releases the sequence (`_lora_release`, after the step in flight
   when the sequence is in it), so no step can read a slot that is being freed. A request that

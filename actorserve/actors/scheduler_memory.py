@@ -10,7 +10,7 @@ scheduler does the work, at its barrier:
   into `released` at once -- from then on no step starts (`_start_step` answers no) and newly
   submitted requests queue -- the prefix cache is flushed when the KV cache goes (its blocks'
   contents are about to be freed), and the freeing runs where the steps run: queued on their
-  worker thread, or inline when steps run inline (`engine.memory_release`). Its outcome comes
+  worker thread, or inline when steps run inline (`engine.weights.memory_release`). Its outcome comes
   back as `MemoryApplied`; a tag whose release failed is in place again.
 * `RestoreMemory(tags)` brings them back the same way; when no tag is left out, the scheduler
   plans its next step as usual and the queued requests run.
@@ -53,7 +53,7 @@ def release_on_step_thread(engine: Any, tags: tuple[str, ...], level: int,
                            spill_dir: str | None = None) -> tuple[dict[str, Any], Any]:
     """The weights first (a spill that cannot be written frees nothing), then the KV cache.
     Returns the outcome per tag and what the weights' release keeps (`WeightsHeld`)."""
-    from ..engine import memory_release as mr
+    from ..engine.weights import memory_release as mr
     held: list[Any] = [None]
 
     def weights() -> int:
@@ -64,7 +64,7 @@ def release_on_step_thread(engine: Any, tags: tuple[str, ...], level: int,
 
 def resume_on_step_thread(engine: Any, tags: tuple[str, ...], held: Any,
                           model_path: str | None) -> tuple[dict[str, Any], Any]:
-    from ..engine import memory_release as mr
+    from ..engine.weights import memory_release as mr
     weights = (lambda: mr.resume_weights(engine, held, model_path)) if held is not None else (lambda: 0)
     return _per_tag(tags, [(WEIGHTS, weights), (KV, lambda: mr.resume_kv(engine))]), held
 

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.batching import BatchConfig
+from ..engine.scheduling.batching import BatchConfig
 from ..statemachines import STEP_IN_FLIGHT
 
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 import enum
 from typing import Any, NamedTuple
 
-from ..engine.base import StepPreempted
-from ..engine.batching import step_stage
+from ..engine.scheduling.base import StepPreempted
+from ..engine.scheduling.batching import step_stage
 from ..messages import TokenOut
 
 

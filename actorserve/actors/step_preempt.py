@@ -1,11 +1,11 @@
 """Giving up the step in flight for a higher-priority arrival (priority policy).
 
 The scheduler asks when a request arrives while the engine computes a step and its policy says
-the request `preempts` that step's members (`engine.priority`: it outranks some member and no
+the request `preempts` that step's members (`engine.scheduling.priority`: it outranks some member and no
 member outranks it; never a probe; first come, first served never asks). Asking is the recorded, drawn
 ``preempt_step`` transition (``stepping -> stepping``) and setting the engine's ``preempt``
 flag; the engine checks it between layers and gives the step up by raising `StepPreempted`
-(`engine.base`). Such a step advances no member: the scheduler ends it as it is and plans
+(`engine.scheduling.base`). Such a step advances no member: the scheduler ends it as it is and plans
 the next, which holds the arrival; the K/V the abandoned layers wrote past ``num_computed``
 is written again by the step that recomputes those tokens. An ask that comes after the
 engine's last layer boundary changes nothing (the step's answer says which happened, and

@@ -9,8 +9,8 @@ transition) and goes to the scheduler (`LoadWeights.weight_version`, `SetWeightV
 steps stamp it on every token they make (a response's ``weight_versions``).
 
 An update is a control record like a flush, in two phases. First the folder (or the sent
-safetensors blobs, `engine.refit_tensors`: any subset of the parameters) is read and checked
-against the served model's names and shapes (`engine.refit.read_checked`, disk I/O and CPU) on a
+safetensors blobs, `engine.weights.refit_tensors`: any subset of the parameters) is read and checked
+against the served model's names and shapes (`engine.weights.refit.read_checked`, disk I/O and CPU) on a
 worker thread, off the event loop: requests go on being served meanwhile, and its outcome comes
 back as a `WeightsRead` message (noted ``weights_read`` on the recording). A bad folder ends the
 update there, nothing touched. ``abort_all_requests`` aborts every request when the update
@@ -100,7 +100,7 @@ class WeightsControl(Actor):
 
     def _read_update(self, engine: Any, msg: Any) -> dict[str, Any]:
         """On a worker thread: the update's tensors by name, checked against the served model."""
-        from ..engine import refit, refit_tensors
+        from ..engine.weights import refit, refit_tensors
         if isinstance(msg, UpdateWeightsFromTensor):
             return refit_tensors.read_tensors_checked(engine, msg.blobs, msg.load_format)
         return refit.read_checked(engine, msg.model_path, msg.load_format)
@@ -143,7 +143,7 @@ class WeightsControl(Actor):
                            data={"tensors": len(msg.tensors), "read_ms": round(msg.read_s * 1e3, 3)} if ok
                            else {"error": f"{type(msg.error).__name__}: {msg.error}"})
         if not ok:
-            from ..engine.refit import WeightsMismatch
+            from ..engine.weights.refit import WeightsMismatch
             error = msg.error
             detail = str(error) if isinstance(error, WeightsMismatch) else f"{type(error).__name__}: {error}"
             return self._weights_done(rec, ControlResult(False, detail), None)

@@ -2,14 +2,14 @@
 `/update_weights_from_distributed`, `/destroy_weights_update_group`, the control actor's part
 (`WeightsGroupControl`, a base of `ControlActor` on top of `WeightsControl`).
 
-One group at a time, held here (`weights_group`, an `engine.weights_group.WeightsGroup`). Its
-join is a control record that is ``working`` while `engine.weights_group.open_group`
+One group at a time, held here (`weights_group`, an `engine.weights.weights_group.WeightsGroup`). Its
+join is a control record that is ``working`` while `engine.weights.weights_group.open_group`
 runs on a worker thread: the trainer's join and this one rendezvous concurrently, and the
 event loop serves meanwhile; a join that does not complete in its bound ends the record
 rejected with why. A second init while a group is open (or joining) is refused.
 
 An update is `WeightsControl`'s two phases with another read: the tensors are received from
-the group on a worker thread (`engine.weights_group.receive_checked`) instead of read from a
+the group on a worker thread (`engine.weights.weights_group.receive_checked`) instead of read from a
 folder, then copied at the step barrier by the scheduler's `LoadWeights` like every other
 update (so pause, ``abort_all_requests``, the prefix-cache flush and "no forward mixes two
 versions" hold the same). An update naming no open group, or refused by the WEIGHTS or SERVER
@@ -58,7 +58,7 @@ class WeightsGroupControl(WeightsControl):
         if not 0 < msg.rank_offset < msg.world_size:
             return self._end(rec, ControlResult(False, f"rank_offset {msg.rank_offset} must be in 1..world_size-1 "
                                                        f"({msg.world_size - 1}): rank 0 is the trainer's"))
-        from ..engine import weights_group
+        from ..engine.weights import weights_group
         assert self.system is not None
         self._fire(rec, "work")
         rec.msg = msg
@@ -71,7 +71,7 @@ class WeightsGroupControl(WeightsControl):
 
     def _joined(self, rid: str, group: Any, error: BaseException | None) -> WeightsGroupJoined:
         if group is not None and not self.alive:      # stopped while joining: nobody will destroy it
-            from ..engine import weights_group
+            from ..engine.weights import weights_group
             weights_group.close_group(group)
         return WeightsGroupJoined(rid, group, error)
 
@@ -106,8 +106,8 @@ class WeightsGroupControl(WeightsControl):
         """On a worker thread: receive the broadcast tensors, then check them."""
         if not isinstance(msg, UpdateWeightsFromDistributed):
             return super()._read_update(engine, msg)
-        from ..engine import weights_group
-        from ..engine.refit import WeightsMismatch
+        from ..engine.weights import weights_group
+        from ..engine.weights.refit import WeightsMismatch
         group = self.weights_group
         if group is None:
             raise WeightsMismatch("the weight update group was destroyed")
@@ -124,7 +124,7 @@ class WeightsGroupControl(WeightsControl):
         if any(r.op == DIST_OP for r in self.open.values()):
             return self._end(rec, ControlResult(False, "an update is using the weight update group; "
                                                        "destroy it once the update has answered"))
-        from ..engine import weights_group
+        from ..engine.weights import weights_group
         assert self.system is not None
         self.weights_group = None
         self._fire(rec, "work")
@@ -151,7 +151,7 @@ class WeightsGroupControl(WeightsControl):
         group, self.weights_group = self.weights_group, None
         if group is None or self.system is None:
             return
-        from ..engine import weights_group
+        from ..engine.weights import weights_group
         try:
             self.system.loop.run_in_executor(None, weights_group.close_group, group)
         except RuntimeError:             # the loop's executor is already shut down

@@ -72,7 +72,7 @@ def pick(replicas: Sequence[R], adapter: str, prefix: str, name: Any = None) -> 
 def adapters_in_argv(argv: Iterable[str]) -> set[str]:
     """Adapter names a replica's command line loads (``--lora-paths``/``--lora-modules``, read
     as `serve` reads them: ``name=path``, a bare path, SGLang's JSON)."""
-    from ..http.serve_cli import parse_lora_paths
+    from ..http.edge.serve_cli import parse_lora_paths
     items: list[str] = []
     taking = False
     for arg in argv:

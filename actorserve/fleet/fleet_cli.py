@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..http import serve_cli
+from ..http.edge import serve_cli
 
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 _FLEET_ONLY = frozenset({"host", "port", "replicas", "policy", "router_port", "help", "ray",

@@ -18,7 +18,7 @@ docs/fleet.md) to the right replicas itself:
   replica that restarts has lost its sessions: they are forgotten, and a turn naming one is a
   404 like an unknown session;
 * stored responses: a replica's response ids name it (``resp_r1_<hex>``,
-  `http.responses_items.response_id`), so ``POST /v1/responses`` with ``previous_response_id``
+  `http.responses.responses_items.response_id`), so ``POST /v1/responses`` with ``previous_response_id``
   and ``GET``/``DELETE /v1/responses/{id}`` (and ``.../input_items``) go straight to the replica
   the id names, keeping no state here; an id naming no ready replica is a 404. A new response
   (no ``previous_response_id``) goes to a ready replica round-robin: sglang-router 0.3.2
@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ..http.responses_items import replica_of
+from ..http.responses.responses_items import replica_of
 from .adapter_route import adapter_of, adapters_in_argv, pick, prefix_of
 from .supervisor import Fleet, Replica
 

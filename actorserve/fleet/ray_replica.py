@@ -31,8 +31,8 @@ class ReplicaServer:
         apply_defaults()                                         # before torch loads
         import ray
 
-        from ..http import serve_cli
-        from ..http.server import build_runtime, serve_async
+        from ..http.edge import serve_cli
+        from ..http.edge.server import build_runtime, serve_async
 
         parser = argparse.ArgumentParser(prog=f"actorserve replica {name}")
         serve_cli.add_arguments(parser)

@@ -12,7 +12,7 @@ in docs/lifecycles.md): ``starting`` (process up, not yet answering ``/health``)
 ``dead`` (exited; waiting out its backoff), ``stopped``; only that machine writes a replica's
 state (`fire`).
 `Fleet.stop` drains: SIGTERM to every replica (each drains its in-flight requests, see
-`http.server`), wait up to `grace_s`, then SIGKILL what is left; the router last.
+`http.edge.server`), wait up to `grace_s`, then SIGKILL what is left; the router last.
 """
 
 from __future__ import annotations

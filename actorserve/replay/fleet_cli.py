@@ -82,7 +82,7 @@ def _reexecute(args: argparse.Namespace, reps: list[Replica]) -> int:
     import asyncio
     import dataclasses
 
-    from ..engine.batching import BatchConfig
+    from ..engine.scheduling.batching import BatchConfig
     from .reexec import RecordingError, reexecute
 
     limits = {k: getattr(args, k) for k in ("max_num_seqs", "max_batch_tokens", "max_prefill_chunk")

@@ -33,9 +33,9 @@ from typing import Any, Iterable
 from .. import messages as M
 from ..actors.runtime import DuplicateRequestId, Runtime
 from ..config import SchedulerConfig
-from ..engine.base import StepPreempted
-from ..engine.batching import BatchConfig, BatchPolicy
-from ..engine.params import PoolingParams, SamplingParams
+from ..engine.scheduling.base import StepPreempted
+from ..engine.scheduling.batching import BatchConfig, BatchPolicy
+from ..engine.scheduling.params import PoolingParams, SamplingParams
 from ..statemachines import LIFECYCLES
 from .check import OLD_CONTROL_NOTE, control_outcomes, legacy, old_control
 from .recorder import Event, FlightRecorder

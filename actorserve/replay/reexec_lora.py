@@ -3,7 +3,7 @@
 An adapter's read comes back from a worker thread (``lora_read`` on the recording, an input at
 the scheduler). Re-execution holds each read until its recorded point, as it holds a model step,
 then reads the folder again at its recorded path into the stand-in engine's slots
-(`engine.fake_lora.FakeLoraSlots`: the steps' tokens are the recording's, what is checked is
+(`engine.runners.fake_lora.FakeLoraSlots`: the steps' tokens are the recording's, what is checked is
 that today's actors take the same path: the holds, the parked requests, the unload's wait). A
 read that failed in the recording fails again with its recorded error. One that succeeded but
 whose folder can no longer be read cannot be re-executed: `RecordingError` says which adapter,
@@ -27,7 +27,7 @@ class LoraPlayback:
         lora = setup.get("lora")
         if lora is None:
             return
-        from ..engine.fake_lora import FakeLoraSlots
+        from ..engine.runners.fake_lora import FakeLoraSlots
         driver.engine.lora = FakeLoraSlots(int(lora["max_loaded"]), max_rank=int(lora.get("max_rank", 64)))
         driver.rt.take_over(lora_reads=self._hold)
 

@@ -110,7 +110,7 @@ class WeightsPlayback:
                               f"keeps its tensors' sizes, never their bytes; {played}")
             return self._played(wrap, recorded_ok, n, d)
         path = msg.model_path
-        from ..engine import refit
+        from ..engine.weights import refit
         try:
             tensors = refit.read_folder(path, msg.load_format)
         except Exception as exc:

@@ -120,7 +120,7 @@ def _reexecute(args: argparse.Namespace) -> int:
     import asyncio
     import dataclasses
 
-    from ..engine.batching import BatchConfig
+    from ..engine.scheduling.batching import BatchConfig
     from .reexec import RecordingError, reexecute
 
     try:

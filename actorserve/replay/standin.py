@@ -19,9 +19,9 @@ from collections import deque
 from typing import Any
 
 from ..actors.clock import ManualClock
-from ..engine.base import EngineInfo, SeqOutput
-from ..engine.batching import BatchConfig
-from ..engine.sequence import Sequence
+from ..engine.scheduling.base import EngineInfo, SeqOutput
+from ..engine.scheduling.batching import BatchConfig
+from ..engine.scheduling.sequence import Sequence
 
 
 class ReplayClock(ManualClock):
@@ -58,7 +58,7 @@ class ReplayClock(ManualClock):
 
 class PooledStandIn:
     """What a pooling step answers in re-execution: its value is not recorded, only that it
-    came. Any index reads 0.0, so every pooling head (`engine.heads`) can run on it."""
+    came. Any index reads 0.0, so every pooling head (`engine.pooling.heads`) can run on it."""
 
     def __getitem__(self, i: Any) -> float:
         return 0.0
@@ -73,7 +73,7 @@ class PooledStandIn:
 class ReplayEngine:
     """Plays back the recorded model answers, keyed by request id."""
 
-    verifies_drafts = True        # speculative steps (`engine.speculative`) are understood
+    verifies_drafts = True        # speculative steps (`engine.scheduling.speculative`) are understood
 
     def __init__(self, info: dict[str, Any], tokens: dict[str, deque[Any]],
                  batch: dict[str, Any] | None = None) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable
 
-from ..engine.params import SamplingParams
+from ..engine.scheduling.params import SamplingParams
 from .recorder import Event
 
 ABORTERS = ("AbortRequest", "Abort", "PauseGeneration")

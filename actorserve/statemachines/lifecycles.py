@@ -265,7 +265,7 @@ SCHEDULER = Lifecycle(
         Edge("step", (K.pending,), K.stepping),
         Edge("step_done", (K.stepping, K.pausing), K.pending),
         # a request that outranks the step arrived: the engine gives the step up at its next
-        # layer boundary (`engine.base.StepPreempted`); its step_done then advances no member
+        # layer boundary (`engine.scheduling.base.StepPreempted`); its step_done then advances no member
         Edge("preempt_step", (K.stepping,), K.stepping),
         # a failed step's members re-run in halves until the culprits are known (isolation.py);
         # a pause that arrives meanwhile waits as it does for a step

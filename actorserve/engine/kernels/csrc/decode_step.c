@@ -1,0 +1,133 @@
+/* A quantized decode step's transformer layers in one call (actorserve.engine.kernels.fused_step).
+ *
+ * The library the quantized path loads (`quant._Lib`, `glue.load`): the q4/q8 kernels and their
+ * step pool (qgemv.c), the norm and RoPE glue (glue.c), and `decode_layers`, which runs every
+ * layer of a Llama-shaped model for a step of decode rows: per layer the norm, the q/k/v
+ * product, RoPE, the K/V write, attention over the paged cache (the decode kernel of
+ * paged_decode.c, through the pointer the caller passes: that kernel lives in its own library),
+ * the output product, the residual add and norm, gate/up, SiLU times up, down. The same
+ * operations, in the same order, that `PagedLlamaRunner._forward_glued` calls one by one from
+ * Python; one call instead of about twenty a layer. With `lora` (a step with adapter rows)
+ * each product is followed by its adapters' deltas (lora.c), where the glued loop's hooks add
+ * them. */
+#include "qgemv.c"
+#include "glue.c"
+#include "lora.c"
+
+#define ATTENTION_PARALLEL_MIN ((size_t)1 << 18)   /* K elements: paged_decode.c's threshold */
+
+typedef int (*attention_fn)(const float *q, const void *K, const void *V, int bf16,
+                            const int32_t *table, int nb, const int32_t *ctx, int D, int nkv, int g,
+                            int d, int bs, float scale, float softcap, float *out, int nthreads);
+
+/* One quantized product's operands: q (packed), d, m (q4), bias (float32 or NULL), N, K. */
+typedef struct {
+    const void *q;
+    const uint16_t *d, *m;
+    const float *bias;
+    int N, K, bits;
+} qmat_t;
+
+typedef struct {
+    qmat_t qkv, o, gate_up, down;   /* q/k/v and gate/up concatenated along N */
+    const void *in_norm, *post_norm;
+    float in_eps, post_eps;
+    void *k_cache, *v_cache;         /* [slots, nkv, d] in the model's dtype */
+} layer_t;
+
+typedef struct {
+    int T, D, nh, nkv, hd, inter, rd, bf16, block_size, nb, nthreads;
+    float scale;
+    void *h;                          /* [T, D] the residual stream, updated in place */
+    void *x;                          /* [T, D] normed rows */
+    void *qkv;                        /* [T, (nh + 2 nkv) hd] */
+    float *qf, *of;                   /* [T, nh hd] float32: attention's query and output */
+    void *attn;                       /* [T, nh hd] attention output in the model's dtype */
+    void *o;                          /* [T, D] */
+    void *gu;                         /* [T, 2 inter] */
+    void *act;                        /* [T, inter] SiLU(gate) * up */
+    const void *cos, *sin;            /* [T, rd] */
+    const int64_t *slots;             /* [T] */
+    const int32_t *table, *ctx;       /* [T, nb], [T] */
+    attention_fn attention;
+    const lora_t *lora;               /* the step's adapters, or NULL */
+} step_t;
+
+static int product(const qmat_t *w, const void *x, int M, void *y, int bf16) {
+    return qgemv(w->bits, x, bf16, M, w->K, w->q, w->d, w->m, w->N, w->bias, y, bf16, 1);
+}
+
+/* The deltas of layer li's linears reading x (row stride xs, width K) into `n` outputs given as
+ * (module, N, y, y's row stride) quadruples; 0 without adapters. */
+static int deltas(const step_t *S, int li, const void *x, int xs, int K, int n, const lora_out_t *o) {
+    return S->lora ? lora_apply(S->lora, li, x, S->bf16, xs, K, n, o, S->bf16, S->nthreads) : 0;
+}
+
+static inline float load_el(const void *p, size_t i, int bf16) {
+    return bf16 ? bf16_load((const uint16_t *)p, i) : ((const float *)p)[i];
+}
+
+static inline void store_el(void *p, size_t i, float v, int bf16) {
+    if (bf16) ((uint16_t *)p)[i] = bf16_round(v);
+    else ((float *)p)[i] = v;
+}
+
+/* Run all `n` layers for the step `S`; 0, or the first failing product's -1. */
+int decode_layers(const layer_t *L, int n, const step_t *S) {
+    const int T = S->T, D = S->D, nh = S->nh, nkv = S->nkv, hd = S->hd, I = S->inter, bf16 = S->bf16;
+    const int nq = nh * hd, nk = nkv * hd, nqkv = nq + 2 * nk, es = bf16 ? 2 : 4;
+    /* attention over long contexts goes parallel (paged_decode.c's rule): the pool's spinning
+     * worker would hold the core its OpenMP thread needs, so it sleeps through attention then */
+    size_t total = 0;
+    for (int t = 0; t < T; t++) total += (size_t)S->ctx[t];
+    const int pause = S->nthreads > 1 && total * (size_t)nkv * (size_t)hd >= ATTENTION_PARALLEL_MIN
+                      && atomic_load(&pool.active);
+    add_rmsnorm(S->h, NULL, 0, L[0].in_norm, L[0].in_eps, S->x, D, T, D, bf16);
+    for (int li = 0; li < n; li++) {
+        const layer_t *l = &L[li];
+        if (product(&l->qkv, S->x, T, S->qkv, bf16)) return -1;
+        const lora_out_t qkv[3] = {{0, nq, nqkv, S->qkv}, {1, nk, nqkv, (char *)S->qkv + (size_t)nq * es},
+                                   {2, nk, nqkv, (char *)S->qkv + (size_t)(nq + nk) * es}};
+        if (deltas(S, li, S->x, D, D, 3, qkv)) return -1;
+        rope(S->qkv, nqkv, T, nh, hd, S->cos, S->sin, S->rd, bf16);
+        rope((char *)S->qkv + (size_t)nq * es, nqkv, T, nkv, hd, S->cos, S->sin, S->rd, bf16);
+        for (int t = 0; t < T; t++) {                   /* K/V into the cache, q to float32 */
+            const char *row = (const char *)S->qkv + (size_t)t * nqkv * es;
+            memcpy((char *)l->k_cache + (size_t)S->slots[t] * nk * es, row + (size_t)nq * es, (size_t)nk * es);
+            memcpy((char *)l->v_cache + (size_t)S->slots[t] * nk * es, row + (size_t)(nq + nk) * es, (size_t)nk * es);
+            for (int i = 0; i < nq; i++) S->qf[(size_t)t * nq + i] = load_el(row, i, bf16);
+        }
+        if (pause) qpool_active(0, 0);
+        const int rc = S->attention(S->qf, l->k_cache, l->v_cache, bf16, S->table, S->nb, S->ctx, T, nkv,
+                                    nh / nkv, hd, S->block_size, S->scale, 0.0f, S->of, S->nthreads);
+        if (pause) qpool_active(1, 0);
+        if (rc) return -1;
+        for (size_t i = 0; i < (size_t)T * nq; i++) store_el(S->attn, i, S->of[i], bf16);
+        if (product(&l->o, S->attn, T, S->o, bf16)) return -1;
+        const lora_out_t o[1] = {{3, D, D, S->o}};
+        if (deltas(S, li, S->attn, nq, nq, 1, o)) return -1;
+        add_rmsnorm(S->h, S->o, D, l->post_norm, l->post_eps, S->x, D, T, D, bf16);
+        if (product(&l->gate_up, S->x, T, S->gu, bf16)) return -1;
+        const lora_out_t gu[2] = {{4, I, 2 * I, S->gu}, {5, I, 2 * I, (char *)S->gu + (size_t)I * es}};
+        if (deltas(S, li, S->x, D, D, 2, gu)) return -1;
+        for (int t = 0; t < T; t++) {                   /* SiLU(gate) * up, each rounded as torch's */
+            const size_t g0 = (size_t)t * 2 * I, a0 = (size_t)t * I;
+            for (int i = 0; i < I; i++) {
+                const float g = load_el(S->gu, g0 + i, bf16), u = load_el(S->gu, g0 + I + i, bf16);
+                float s = g / (1.0f + expf(-g));
+                if (bf16) s = bf16_through(s);
+                store_el(S->act, a0 + i, s * u, bf16);
+            }
+        }
+        if (product(&l->down, S->act, T, S->o, bf16)) return -1;
+        const lora_out_t down[1] = {{6, D, D, S->o}};
+        if (deltas(S, li, S->act, I, I, 1, down)) return -1;
+        if (li + 1 < n) {
+            add_rmsnorm(S->h, S->o, D, L[li + 1].in_norm, L[li + 1].in_eps, S->x, D, T, D, bf16);
+        } else {
+            for (size_t i = 0; i < (size_t)T * D; i++)
+                store_el(S->h, i, load_el(S->h, i, bf16) + load_el(S->o, i, bf16), bf16);
+        }
+    }
+    return 0;
+}

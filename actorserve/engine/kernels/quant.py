@@ -1,0 +1,415 @@
+"""Weight-only quantized decode (``--quantization q4``): fewer weight bytes per decode step.
+
+Why. Decoding a few sequences reads every weight once per step, so its speed is the weights'
+bytes over the memory bandwidth: SmolLM2-135M is 540 MB in fp32 and 270 MB in bf16, about
+9-10 GB/s on this 2-core box, hence 25-55 ms a token whatever the arithmetic. llama.cpp runs
+the same model from its GGUF's 4-bit blocks, about 98 MB.
+
+What. Every linear layer whose input size is a multiple of 32 keeps its dense weight (for
+prefill and wide batches, where the matmul is compute-bound and torch's kernels do well)
+and gains a quantized copy used by steps of at most `MAX_ROWS` rows, through the C kernels of
+`csrc/qgemv.c` (built by `cbuild`):
+
+* q4 (the transformer's linears): GGUF's Q4_1 layout, 32 weights a group along the input,
+  ``w = d * q + m``, q in 0..15, d and m float16: 5 bits a weight;
+* q8 (the LM head, which is tied to the embeddings in SmolLM2): GGUF's Q8_0, ``w = d * q``,
+  q int8, d float16: 8.5 bits a weight.
+
+Exact for GGUF models. The embedded default model is converted from a GGUF whose linears are
+Q4_1 and whose embeddings are Q8_0, and these are the quantizers that made them (min/max for
+Q4_1, absmax for Q8_0): re-quantizing the dequantized weights gives back the same q, d and m,
+so the quantized path computes with exactly the model's weights (`QuantReport.max_rel_err`
+says how close; 0 up to float32 rounding for the default model). For a model that was not
+quantized this way it is ordinary 4-bit quantization, with its usual loss: check it.
+
+Arithmetic. Activations and accumulation stay float32 in the kernel; the output is cast to the
+model's dtype. With bfloat16 activations (steps of at most 4 rows, CPUs with avx512_bf16) the
+q4 kernel multiplies the activations as they are by the nibbles as bfloat16 numbers
+(vdpbf16ps; exact products, float32 sums) and applies d and m per group after: the same sums
+in another order, about 10% faster a step (`_Lib.bf16_path` turns it off, for comparison).
+
+8-bit activations (``--quantization q4a8``). The same weights; each product rounds its input
+rows to int8 per 32-element group (one float32 scale a group: llama.cpp's Q8_1, the arithmetic
+its CPU backend multiplies these GGUF blocks with) and sums the products in int32 with
+avx512_vnni's vpdpbusd, 64 weights an instruction, then scales per group (`csrc/act8.c`; a
+portable C path elsewhere computes the same integer sums). The LM head's q8 weights are then
+kept offset by 128 (uint8), as the instruction wants. Faster, and not exact: the activations'
+rounding is the model's only change (greedy tokens drift sooner than with q4; the perplexity
+figures are in docs/engine.md).
+
+Threads. `StepPool`: during a decode step the kernels' worker threads spin between products.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from . import cbuild
+from ..runners import dense
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 8            # csrc/qgemv.c's MAXM: the fused step, glue and step pool take up to this
+# the library with the kernels: csrc/decode_step.c, which includes qgemv.c and glue.c (one
+# library, so the kernels, the glue and the fused step share one step pool)
+LIBRARY = "decode_step"
+MODES = ("auto", "none", "q4", "q4a8")
+EXACT_TOL = 1e-5        # auto: a linear is "exact" when its re-quantized weights are within this
+                        # fraction of its largest weight (4-bit rounding is ~3e-2; GGUF's own ~1e-7)
+ACT8 = 16               # csrc/qgemv.c's QG_ACT8: a product of 8-bit activations (act8.c)
+N16 = 32                # csrc/qgemv.c's QG_N16: with ACT8, q4 in q4n16.c's superblocks
+N16_MAX_ROWS = 65536    # its N16_MAXM: the superblock kernel takes prefill too
+
+
+def _parallel_min() -> int:
+    """Weights below which a product runs on one thread. With ``OMP_WAIT_POLICY=PASSIVE`` and no
+    spin, OpenMP threads sleep between parallel regions and waking them for a small matrix
+    costs more than they save (one SmolLM2 sequence: 26.2 ms a step with every product
+    parallel, 17.8 with this rule); with a short spin (``GOMP_SPINCOUNT``, set by hand, see
+    `actorserve.omp`) they are still awake for the next product and every product is better
+    parallel (benchmarks/quant_decode.py)."""
+    try:
+        spin = int(os.environ.get("GOMP_SPINCOUNT", "0"))
+    except ValueError:
+        spin = 0
+    return 0 if spin > 0 else 4_000_000
+
+
+PARALLEL_MIN = _parallel_min()
+GROUP = 32
+
+
+def _kernel_rows() -> int:
+    """The widest step whose q4/q8 products take the C kernels (float activations). The kernel
+    takes any width, `MAX_ROWS` rows a pass over each output row (so the weights are read once
+    a step), but from 9 rows on the dense weight through oneDNN (`engine.runners.dense`, packed at
+    load) is as fast or faster: the kernel's cost grows with its float32 arithmetic per row.
+    Measured on the 2-core AMD EPYC (avx512_bf16, no AMX), SmolLM2 decode steps, ms (kernel vs
+    packed dense; benchmarks/quant_decode.py --batches with ACTORSERVE_Q4_ROWS): bf16 10 rows
+    55 vs 55, 12 rows 63 vs 57, 16 rows 87 vs 57-72; float32 12 rows 70 vs 61, 16 rows 102 vs 75.
+    A tie goes to the library, so `MAX_ROWS`. ``ACTORSERVE_Q4_ROWS`` sets another width
+    (benchmarks)."""
+    env = os.environ.get("ACTORSERVE_Q4_ROWS")
+    return max(1, int(env)) if env else MAX_ROWS
+
+
+KERNEL_ROWS = _kernel_rows()
+
+
+def quantize_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[N, K]`` -> (packed uint8 ``[N, K/2]``, d float16 ``[N, K/32]``, m float16 ``[N, K/32]``):
+    per 32-weight group, m = its minimum, d = (max - min) / 15 (GGUF's Q4_1); byte j of a group
+    holds weight j in its low nibble and weight j + 16 in its high one."""
+    N, K = w.shape
+    g = w.detach().float().reshape(N, K // GROUP, GROUP)
+    lo, hi = g.amin(-1), g.amax(-1)
+    d16, m16 = ((hi - lo) / 15).half(), lo.half()
+    d, m = d16.float()[..., None], m16.float()[..., None]
+    q = torch.where(d > 0, torch.round((g - m) / torch.where(d > 0, d, 1)), 0).clamp_(0, 15).to(torch.uint8)
+    packed = q[..., :16] | (q[..., 16:] << 4)
+    return packed.reshape(N, K // 2).contiguous(), d16.contiguous(), m16.contiguous()
+
+
+def dequantize_q4(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    N, half = packed.shape
+    p = packed.reshape(N, half // 16, 16)
+    q = torch.cat([p & 0xF, p >> 4], dim=-1).float()
+    return (q * d.float()[..., None] + m.float()[..., None]).reshape(N, half * 2)
+
+
+def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, K]`` -> (int8 ``[N, K]``, d float16 ``[N, K/32]``): d = absmax / 127 per group (Q8_0)."""
+    N, K = w.shape
+    g = w.detach().float().reshape(N, K // GROUP, GROUP)
+    d16 = (g.abs().amax(-1) / 127).half()
+    d = d16.float()[..., None]
+    q = torch.where(d > 0, torch.round(g / torch.where(d > 0, d, 1)), 0).clamp_(-127, 127).to(torch.int8)
+    return q.reshape(N, K).contiguous(), d16.contiguous()
+
+
+def dequantize_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    N, K = q.shape
+    return (q.reshape(N, K // GROUP, GROUP).float() * d.float()[..., None]).reshape(N, K)
+
+
+class _Lib:
+    def __init__(self, path: str | None = None) -> None:
+        lib = ctypes.CDLL(path or str(cbuild.build(LIBRARY)))
+        self.cdll = lib
+        p, i = ctypes.c_void_p, ctypes.c_int
+        self.qgemv = lib.qgemv
+        self.qgemv.argtypes = [i, p, i, i, i, p, p, p, i, p, p, i, i]
+        self.qgemv.restype = ctypes.c_int
+        self.bf16_path = lib.qgemv_bf16_path
+        self.bf16_path.argtypes = [i]
+        self.bf16_path.restype = ctypes.c_int
+        self.act8_simd = bool(lib.qgemv_act8_simd())
+        self.qpool_active = lib.qpool_active
+        self.qpool_active.argtypes = [i, i]
+        self.qpool_active.restype = ctypes.c_int
+
+
+class StepPool:
+    """The kernels' step pool (``csrc/step_pool.c``): ``with pool:`` around a decode step of at
+    most `MAX_ROWS` rows, and every quantized product of the step is split over `workers`
+    threads besides the caller, which spin between the step's products instead of sleeping
+    (so small products are worth splitting too) and sleep again when the step ends. The
+    results are the same bits as without it."""
+
+    def __init__(self, workers: int) -> None:
+        self.lib = _Lib()
+        self.workers = max(0, int(workers))
+
+    def __enter__(self) -> StepPool:
+        self.lib.qpool_active(1, self.workers)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lib.qpool_active(0, 0)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside an active step: the workers sleep (for a parallel region of OpenMP's, whose
+        thread needs the core a spinning worker holds), then spin again."""
+        self.lib.qpool_active(0, 0)
+        try:
+            yield
+        finally:
+            self.lib.qpool_active(1, self.workers)
+
+
+def step_pool(model: Any) -> StepPool | None:
+    """A step pool for a quantized `model` on more than one thread, else None."""
+    if getattr(model, "actorserve_quant", None) is None or torch.get_num_threads() < 2:
+        return None
+    return StepPool(torch.get_num_threads() - 1)
+
+
+def repack_n16(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """q4 (packed, d, m) with N a multiple of 16 -> `csrc/q4n16.c`'s superblocks, uint8
+    ``[N/16, G, 320]``: per 16 rows and group, dword j (0..3) of each row's 16 packed bytes for
+    j in turn (256 bytes), then the 16 rows' d and m (float16). The same bytes, regrouped."""
+    N, half = packed.shape
+    G, nb = half // 16, N // 16
+    nib = packed.reshape(nb, 16, G, 4, 4).permute(0, 2, 3, 1, 4).reshape(nb, G, 256)
+    dd = d.reshape(nb, 16, G).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(nb, G, 32)
+    mm = m.reshape(nb, 16, G).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(nb, G, 32)
+    return torch.cat([nib, dd, mm], dim=-1).contiguous()
+
+
+class _Weights:
+    """One quantized weight as the kernel reads it: q (packed), d, m (q4 only), an optional
+    float32 bias, and their addresses, taken once (the tensors never move). With `act8` the
+    products round their activations to 8 bits; a q4 weight whose N is a multiple of 16 is then
+    also held in `q4n16.c`'s superblocks (`sb`, or given: a group's members share its), which
+    take any number of rows (prefill too), not only `MAX_ROWS`."""
+
+    def __init__(self, bits: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+                 bias: torch.Tensor | None, act8: bool = False, sb: torch.Tensor | None = None) -> None:
+        self.bits, self.q, self.d, self.m, self.bias, self.act8 = bits, q, d, m, bias, act8
+        self.N = q.shape[0]
+        self.K = q.shape[1] * (8 // bits)
+        self.sb = None
+        if act8 and bits == 4 and self.N % 16 == 0 and m is not None:
+            self.sb = sb if sb is not None else repack_n16(q, d, m)
+        self.kind = bits | (ACT8 if act8 else 0) | (N16 if self.sb is not None else 0)   # what the kernel is told
+        self.rebind()
+        self.size = self.N * self.K                                # weights
+        self.max_rows = MAX_ROWS if act8 else KERNEL_ROWS
+        if self.sb is not None and _act8_simd():     # the portable loops are too slow for prefill
+            self.max_rows = N16_MAX_ROWS
+
+    def rebind(self) -> None:
+        """Take the tensors' addresses (again: `memory_release` reallocates them at a resume)."""
+        q, d, m = self.q if self.sb is None else self.sb, self.d, self.m
+        self.ptrs = (q.data_ptr(), d.data_ptr(), None if m is None else m.data_ptr())
+        self.bias_ptr = None if self.bias is None else self.bias.data_ptr()
+
+    def run(self, lib: _Lib, x: torch.Tensor) -> torch.Tensor | None:
+        """``x [rows, K] @ W^T (+ bias)`` through the kernel, or None when it does not take `x`
+        (more than `max_rows` rows, a dtype it does not read, autograd)."""
+        K = x.shape[-1]
+        rows = x.numel() // K if K else 0
+        if rows == 0 or rows > self.max_rows or x.dtype not in _KERNEL_DTYPES or x.requires_grad:
+            return None
+        x2 = x.reshape(rows, K)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        y = torch.empty((rows, self.N), dtype=x.dtype)
+        bf16 = 1 if x.dtype is torch.bfloat16 else 0
+        q, d, m = self.ptrs
+        rc = lib.qgemv(self.kind, x2.data_ptr(), bf16, rows, K, q, d, m, self.N, self.bias_ptr,
+                       y.data_ptr(), bf16, 1 if self.size * max(1, rows // MAX_ROWS) < PARALLEL_MIN
+                       else torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"qgemv refused rows={rows} K={K}")
+        return y
+
+
+class QuantLinear:
+    """Replaces one ``nn.Linear``'s forward: at most `KERNEL_ROWS` rows go through the quantized
+    kernel (`MAX_ROWS` with 8-bit activations, any number for q4a8's superblocks:
+    `_Weights.max_rows`), more through the dense weight the module keeps."""
+
+    def __init__(self, module: torch.nn.Linear, kind: str, lib: _Lib, act8: bool = False) -> None:
+        self.module, self.kind, self.lib = module, kind, lib
+        w = module.weight
+        self.N, self.K = w.shape
+        if kind == "q4":
+            q, d, m = quantize_q4(w)
+            self.err = (dequantize_q4(q, d, m) - w.float()).abs().max().item()
+        else:
+            (q, d), m = quantize_q8(w), None
+            self.err = (dequantize_q8(q, d) - w.float()).abs().max().item()
+            if act8:                # the 8-bit-activation kernel reads q + 128 as uint8 (act8.c)
+                q = (q.view(torch.uint8) ^ 0x80).contiguous()
+        self.scale = w.float().abs().max().item() or 1.0
+        bias = None if module.bias is None else module.bias.detach().float()
+        self.w = _Weights(4 if kind == "q4" else 8, q, d, m, bias, act8)
+        self.nbytes = q.numel() * q.element_size() + d.numel() * 2 * (2 if m is not None else 1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.w.run(self.lib, x)
+        if y is None:
+            return dense.linear(self.module, x)
+        return y.view(*x.shape[:-1], self.N)
+
+
+class QuantGroup:
+    """Linears that read the same input (q/k/v, gate/up), run as one kernel call over their
+    concatenated weights for steps of at most `MAX_ROWS` rows: one pass over the input and
+    one call instead of two or three. Wider steps call the members one by one (their dense
+    weights). The members' quantized tensors become views of the concatenation, so nothing
+    is held twice."""
+
+    def __init__(self, members: list[QuantLinear]) -> None:
+        self.members = members
+        ws = [ql.w for ql in members]
+        self.sizes = [w.N for w in ws]
+        q = torch.cat([w.q for w in ws])
+        d = torch.cat([w.d for w in ws])
+        m = torch.cat([w.m for w in ws]) if ws[0].m is not None else None
+        bias = None
+        if any(w.bias is not None for w in ws):
+            bias = torch.cat([w.bias if w.bias is not None else torch.zeros(w.N) for w in ws])
+        sb = torch.cat([w.sb for w in ws]) if all(w.sb is not None for w in ws) else None
+        self.w = _Weights(ws[0].bits, q, d, m, bias, ws[0].act8, sb)
+        at = 0
+        for ql, w in zip(members, ws):                  # share the storage
+            sl = slice(at, at + w.N)
+            ql.w = _Weights(w.bits, q[sl], d[sl], None if m is None else m[sl],
+                            None if bias is None or w.bias is None else bias[sl], w.act8,
+                            None if sb is None else sb[at // 16:(at + w.N) // 16])
+            at += w.N
+        self.lib = members[0].lib
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.w.run(self.lib, x)
+        if y is None:
+            return tuple(ql.module(x) for ql in self.members)
+        lead = x.shape[:-1]
+        return tuple(part.view(*lead, n) for part, n in zip(y.split(self.sizes, dim=-1), self.sizes))
+
+    @staticmethod
+    def of(modules: list[Any]) -> QuantGroup | None:
+        """The group of these linears when all of them run q4 on the same input size."""
+        qls = [getattr(mod, "forward", None) for mod in modules]
+        if not all(isinstance(ql, QuantLinear) and ql.kind == "q4" for ql in qls):
+            return None
+        if len({ql.K for ql in qls}) != 1 or len({ql.w.act8 for ql in qls}) != 1:
+            return None
+        return QuantGroup(qls)
+
+
+# Attributes quantize_model sets on a model's modules, read by the paged runner's forward.
+QKV_GROUP = "_actorserve_qkv"           # on an attention module with q/k/v_proj
+GATE_UP_GROUP = "_actorserve_gate_up"   # on an MLP with gate_proj and up_proj
+
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@functools.cache
+def _act8_simd() -> bool:
+    """Whether this machine's kernels multiply 8-bit activations with avx512_vnni."""
+    return _Lib().act8_simd
+
+
+@dataclass(frozen=True, slots=True)
+class QuantReport:
+    mode: str
+    layers: int                 # linears given a quantized copy
+    skipped: int                # linears left dense (input size not a multiple of 32; auto: not exact)
+    quant_bytes: int            # bytes a decode step reads from the quantized copies
+    dense_bytes: int            # what the same layers hold dense, in the model's dtype
+    max_rel_err: float          # max |dequantized - dense| / max |dense| over the quantized layers
+    asked: str = ""             # the --quantization value (auto, q4, q4a8)
+    kernel_rows: int = MAX_ROWS  # the widest step through the kernels
+
+    def describe(self) -> str:
+        how = f"auto -> {self.mode}" if self.asked == "auto" else self.mode
+        return (f"{how}: {self.layers} linears quantized ({self.quant_bytes / 1e6:.0f} MB read "
+                f"per decode step instead of {self.dense_bytes / 1e6:.0f} MB; steps of <= {self.kernel_rows} rows), "
+                f"{self.skipped} left dense, max relative weight error {self.max_rel_err:.2g}")
+
+
+def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
+    """Give every eligible linear of `model` a quantized decode path (see the module docstring);
+    the LM head gets q8, the rest q4. None for mode ``none``. Mode ``auto`` is q4 for the
+    linears whose weights re-quantize exactly (`EXACT_TOL`: weights that came from GGUF's
+    Q4_1/Q8_0 blocks, so the kernels compute with the model's own weights) and dense for the
+    rest; None when no linear is exact."""
+    asked = (mode or "none").lower()
+    if asked not in MODES:
+        raise ValueError(f"unknown quantization {asked!r}; use one of {', '.join(MODES)}")
+    if asked == "none":
+        return None
+    mode = "q4" if asked == "auto" else asked
+    lib = _Lib()
+    getter = getattr(model, "get_output_embeddings", None)    # a bare module (tests) has no head
+    head = getter() if callable(getter) else None
+    layers = skipped = qbytes = dbytes = 0
+    err = 0.0
+    for mod in model.modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        if mod.in_features % GROUP:
+            skipped += 1
+            continue
+        ql = QuantLinear(mod, "q8" if mod is head else "q4", lib, act8=mode == "q4a8")
+        if asked == "auto" and ql.err / ql.scale > EXACT_TOL:
+            skipped += 1                       # not the model's own blocks: stays dense
+            continue
+        mod.forward = ql                       # an instance attribute: nn.Module.__call__ finds it
+        layers += 1
+        qbytes += ql.nbytes
+        dbytes += mod.weight.numel() * mod.weight.element_size()
+        err = max(err, ql.err / ql.scale)
+    if layers == 0:
+        log.info("quantization %s: no linear re-quantizes exactly, all stay dense", asked)
+        return None
+    for mod in model.modules():
+        if all(isinstance(getattr(mod, f"{p}_proj", None), torch.nn.Linear) for p in "qkv"):
+            group = QuantGroup.of([mod.q_proj, mod.k_proj, mod.v_proj])
+            if group is not None:
+                setattr(mod, QKV_GROUP, group)
+        if all(isinstance(getattr(mod, p, None), torch.nn.Linear) for p in ("gate_proj", "up_proj")):
+            group = QuantGroup.of([mod.gate_proj, mod.up_proj])
+            if group is not None:
+                setattr(mod, GATE_UP_GROUP, group)
+    if mode == "q4a8" and not lib.act8_simd:
+        log.warning("q4a8: this CPU has no avx512_vnni, so its products run as portable C loops "
+                    "(slower than q4; prefill keeps the dense weights)")
+    report = QuantReport(mode, layers, skipped, qbytes, dbytes, err, asked,
+                         MAX_ROWS if mode == "q4a8" else KERNEL_ROWS)
+    log.info("quantization %s", report.describe())
+    return report

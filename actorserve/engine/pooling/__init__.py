@@ -1,0 +1,1 @@
+"""The encoder engine (embeddings, classifiers) and the pooling heads."""

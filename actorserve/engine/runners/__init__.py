@@ -1,0 +1,1 @@
+"""The model runners and what they drive per step: the paged and HF runners, paged attention and its block tables, families, dense linears, per-step LoRA, the fake engines, step paths, the profiler."""

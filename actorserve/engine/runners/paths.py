@@ -1,0 +1,38 @@
+"""Which arithmetic each kind of step takes, and why: the start-up log and ``/server_info``'s
+``engine_paths`` (docs/engine.md, "The default engine")."""
+
+from __future__ import annotations
+
+import torch
+
+from ..weights.dtype import cpu_bf16_flags
+from ..kernels.quant import MAX_ROWS, QuantReport, _act8_simd
+
+__all__ = ["phase_paths"]
+
+
+def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, asked: str = "none",
+                packed: int = 0) -> dict[str, str]:
+    """Which arithmetic each kind of step takes, and why (start-up log and ``/server_info``)."""
+    dense = str(dtype).removeprefix("torch.")
+    unit = ("AMX tiles" if "amx_bf16" in cpu_bf16_flags() else "avx512_bf16 dot products") \
+        if dtype is torch.bfloat16 else "float32 FMA"
+    lib = f"oneDNN, {packed} weights packed at load" if packed else "torch F.linear"
+    dense_path = f"dense {dense} matmuls ({lib}, {unit}; dtype {dtype_why})"
+    if report is None:
+        why = ("auto: the weights are not exact 4-bit blocks, so a quantized copy would change them"
+               if asked == "auto" else "--quantization none")
+        return {"decode": f"{dense_path} ({why})", "prefill": dense_path}
+    act = "8-bit activations, avx512_vnni" if report.mode == "q4a8" else "float activations"
+    why = ("auto: the weights re-quantize exactly (they came from GGUF Q4_1/Q8_0 blocks), so the "
+           "kernels compute with the model's own weights" if report.asked == "auto" else f"--quantization {report.mode}")
+    rows = MAX_ROWS if report.mode == "q4a8" else report.kernel_rows
+    paths = {f"decode <= {MAX_ROWS} rows": f"q4/q8 C kernels ({act}), one fused C call a step ({why})"}
+    if rows > MAX_ROWS:
+        paths[f"decode {MAX_ROWS + 1}-{rows} rows"] = (f"q4/q8 C kernels, {MAX_ROWS} rows a pass over each "
+                                                      "weight row (read once a step)")
+    paths[f"steps > {rows} rows (wide decode)"] = (f"{dense_path}: from {rows + 1} rows as fast as the "
+                                                   "kernels or faster (measured: quant.KERNEL_ROWS)")
+    paths["prefill"] = ("q4n16 superblocks with 8-bit activations" if report.mode == "q4a8" and _act8_simd()
+                        else dense_path)
+    return paths

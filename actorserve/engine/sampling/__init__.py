@@ -1,0 +1,1 @@
+"""Logits to tokens: sampling, penalties, grammar masks, the thinking budget, prompt logprobs."""

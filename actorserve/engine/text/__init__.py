@@ -1,0 +1,1 @@
+"""Tokens and text: the tokenizer and streaming detokenization."""

@@ -1,0 +1,1 @@
+"""OpenAI's Responses API: the routes, bodies, items, streamed events and background runs."""
