@@ -28,7 +28,8 @@ Goal (issue 10): at most 50 us + 5 us per token, and 2 KB per request. Issue 31:
 2.5 us a token here with its token layer in Rust, 4-5 with the Python window, is
 `detok_floor_us_per_request` / 16).
 
-Like `actorserve serve` (which freezes the heap it has after loading: `gc.freeze()`), the
+Like `actorserve serve` (which settles the heap it has after loading: `gc.freeze()` and a young
+threshold of 20,000, `actorserve.heap`), the
 benchmark freezes what is loaded before it runs (the tokenizer and its libraries), so a full
 collection does not walk them; ``--no-freeze`` leaves the heap as it is. What is left of the
 growth with the count is the collector walking the requests themselves (all in flight at once).
@@ -48,6 +49,7 @@ import time
 import tracemalloc
 
 from actorserve.actors.runtime import Runtime
+from actorserve.heap import settle
 from actorserve.config import SchedulerConfig
 from actorserve.engine.scheduling.batching import BatchConfig
 from actorserve.engine.runners.fake import FakeEngine
@@ -155,7 +157,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--cpu-time", action="store_true", help="time with this process's CPU time")
-    ap.add_argument("--no-freeze", action="store_true", help="do not gc.freeze() the loaded heap")
+    ap.add_argument("--no-freeze", action="store_true", help="do not settle the loaded heap (actorserve.heap: gc.freeze(), a higher young threshold)")
     args = ap.parse_args()
     global CLOCK
     if args.cpu_time:
@@ -163,8 +165,7 @@ def main() -> None:
     n = args.requests
     tok = tiny_tokenizer()
     if not args.no_freeze:           # as `actorserve serve` does once it has loaded
-        gc.collect()
-        gc.freeze()
+        settle()
     rt_us = [asyncio.run(run_runtime(n)) for _ in range(args.repeats)]
     floor_us = [run_floor(n) for _ in range(args.repeats)]
     m = max(1, n // 4)

@@ -257,11 +257,8 @@ def run(args: argparse.Namespace) -> int:
     built = build_runtime(config)
     from ...omp import release_idle_threads
     release_idle_threads()          # the step thread's OpenMP team: the only one (actorserve.omp)
-    import gc
-    gc.collect()
-    gc.freeze()      # the loaded model, tokenizer and libraries live as long as the process: keep them
-                     # out of every later collection (a full one otherwise walks them all; see
-                     # benchmarks/lifecycle_overhead.py)
+    from ...heap import settle
+    settle()         # the loaded heap frozen, the young generation's threshold raised (actorserve.heap)
 
     def ready(url: str) -> None:
         print(f"actorserve serving {built.served_name} at {url}", flush=True)
