@@ -77,9 +77,15 @@ class SchedulerConfig:
 class RecorderConfig:
     path: str | None = None             # JSONL file; None = ring buffer only
     capacity: int = 100_000             # events kept in memory
+    ring_bytes: int = 12 << 20          # ...in at most this, taken when the server starts
     max_bytes: int = 256 << 20          # rotate the file past this size
     backups: int = 3
     replica_id: str | None = None       # the replica this process is in a fleet (in the header)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1 or self.ring_bytes < 4096:
+            raise ValueError(f"the flight recorder keeps at least 1 event in at least 4 KB; got "
+                             f"{self.capacity} events in {self.ring_bytes} bytes")
 
 
 @dataclass(frozen=True, slots=True)

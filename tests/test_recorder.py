@@ -311,11 +311,11 @@ def test_the_ring_keeps_events_compact_and_gives_them_back_whole(tmp_path):
     assert from_file[5].data == {"batch": [["r1", 400], ["r2", 1]]} and rec.events()[-2] == from_file[5]
 
     # what the ring holds: a message in 4 fields, a prompt as an array of 4-byte ints
-    entries = list(rec.ring)
+    entries = [t for _, t in rec.ring.entries()]
     assert [len(t) for t in entries] == [10, 4, 10, 10, 10, 4]
     keep = FlightRecorder(clock=ManualClock())
     keep.input("generate", rid="r1", data={"prompt": prompt})
-    held = keep.ring[0][-1]["prompt"]
+    held = keep.ring.tail[0][-1]["prompt"]
     assert isinstance(held, array) and held.itemsize == 4 and held.tolist() == prompt
     assert sys.getsizeof(held) < 8 * len(prompt)          # a list's pointers alone would be 8 a token
     assert keep.events()[0].data["prompt"] == prompt
@@ -323,5 +323,5 @@ def test_the_ring_keeps_events_compact_and_gives_them_back_whole(tmp_path):
     odd = [["r1", 7, "stop"], ["r2", 8]]                     # not all pairs: kept as it is
     keep.input("step_end", data={"step": 1, "out": out, "error": None})
     keep.input("step_end", data={"step": 2, "out": odd, "error": None})
-    assert type(keep.ring[1][-1]["out"]).__name__ == "Pairs" and keep.ring[2][-1]["out"] is odd
+    assert type(keep.ring.tail[1][-1]["out"]).__name__ == "Pairs" and keep.ring.tail[2][-1]["out"] is odd
     assert [e.data["out"] for e in keep.events(kind="input")[1:]] == [out, odd]

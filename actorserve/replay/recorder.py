@@ -17,8 +17,9 @@ Event schema (docs/recording.md has the long form)::
     defn   str|None   hash of the lifecycle definition that ran (transitions only)
     data   dict|None  extra: step members [[rid, n_tokens], ...], request kind, probe flag ...
 
-Events live in a bounded ring buffer (a `deque(maxlen=...)` of tuples: cheap on the hot
-path) and, when a path is given, are appended to a JSONL file.
+Events live in a bounded ring (`byte_ring.ByteRing`: the newest events as tuples, cheap on the
+hot path, older ones sealed into marshalled chunks, in a buffer taken up front when the server
+asks for one) and, when a path is given, are appended to a JSONL file.
 
 Ring entries are compact (`recorder_ring`: ``seq`` and ``ok`` derived, a message in 4 fields,
 prompts as 4-byte ints, a step's rows flat); `events`, live subscribers and the file see the
@@ -55,12 +56,12 @@ import json
 import os
 import re
 import time
-from collections import deque
 from json.encoder import encode_basestring
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable
 
 from ..actors.clock import Clock, LoopClock
+from .byte_ring import ByteRing
 from .recorder_ring import COMPACTED, compact as _compact, fields as _fields, plain as _plain, to_json_list as _list
 
 FIELDS = ("seq", "t_ns", "rid", "kind", "event", "src", "dst", "ok", "error", "cause", "defn", "data")
@@ -126,11 +127,14 @@ class FlightRecorder:
                  clock: Clock | None = None, lifecycles: Iterable[Any] = (),
                  max_bytes: int = 256 << 20, backups: int = 3, record_messages: bool = True,
                  flush_every: int = 512, replica: str | None = None,
-                 wall_clock: Callable[[], int] = time.time_ns) -> None:
+                 wall_clock: Callable[[], int] = time.time_ns, ring_bytes: int | None = None,
+                 preallocate: bool = False) -> None:
         self.clock: Clock = clock or LoopClock()
         self.replica = replica
         self.wall_clock = wall_clock
-        self.ring: deque[tuple] = deque(maxlen=capacity)   # entries: see `recorder_ring`
+        # entries: see `recorder_ring`; `ring_bytes` bounds the sealed part (default: ample for
+        # `capacity` events); `preallocate` takes that memory now (the server)
+        self.ring = ByteRing(capacity, ring_bytes or capacity * 512, preallocate=preallocate)
         self.seq = 0
         self.cause: int | None = None
         self.record_messages = record_messages
@@ -153,7 +157,9 @@ class FlightRecorder:
              data: dict[str, Any] | None) -> int:
         seq = self.seq = self.seq + 1
         t = (self.clock.now_ns(), rid, kind, event, src, dst, error, cause, defn, data)
-        self.ring.append(t)
+        ring = self.ring
+        ring.tail.append(t)
+        ring.advance()
         if self._file is not None or self._subscribers:
             self._emit(seq, t)
         return seq
@@ -188,7 +194,9 @@ class FlightRecorder:
         if self.record_messages:
             seq = self.cause = self.seq = self.seq + 1
             t = (self.clock.now_ns(), getattr(message, "rid", None), type(message).__name__, actor)
-            self.ring.append(t)
+            ring = self.ring
+            ring.tail.append(t)
+            ring.advance()
             if self._file is not None or self._subscribers:
                 self._emit(seq, t)
 
@@ -220,9 +228,7 @@ class FlightRecorder:
     # -- reading ----------------------------------------------------------------------------------
     def events(self, *, rid: str | None = None, kind: str | None = None) -> list[Event]:
         out = []
-        seq = self.seq - len(self.ring)           # the seq before the ring's first entry
-        for t in self.ring:
-            seq += 1
+        for seq, t in self.ring.entries():
             if rid is not None and t[1] != rid:
                 continue
             if kind is not None and (t[2] if len(t) != 4 else "message") != kind:

@@ -72,6 +72,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record", default=None, metavar="PATH",
                    help="flight-recorder JSONL file; a directory (existing, or ending in /) "
                         "means DIR/<replica id>.jsonl")
+    p.add_argument("--recorder-events", type=int, default=100_000, metavar="N",
+                   help="events the flight recorder keeps in memory (default 100000)")
+    p.add_argument("--recorder-ring-mb", type=float, default=12.0, metavar="MB",
+                   help="memory those events may take, taken at start (default 12; the older "
+                        "events are kept marshalled, about 60 bytes each)")
     p.add_argument("--replica-id", default=None, metavar="ID",
                    help="this server's name in a fleet, written in the recording's header "
                         "(default with --record DIR: <host>-<pid>)")
@@ -186,7 +191,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                                   max_queued_tokens=getattr(args, "max_queued_tokens", None),
                                   responses_store=getattr(args, "responses_store", 1000),
                                   trim_at_rest_s=getattr(args, "trim_at_rest", 2.0)),
-        recorder=RecorderConfig(path=record, replica_id=replica),
+        recorder=RecorderConfig(path=record, replica_id=replica,
+                                capacity=getattr(args, "recorder_events", 100_000),
+                                ring_bytes=int(getattr(args, "recorder_ring_mb", 12.0) * (1 << 20))),
         debug_routes=bool(getattr(args, "debug_routes", False)),
         tool_call_parser=getattr(args, "tool_call_parser", None),
         reasoning_parser=_reasoning_parser(getattr(args, "reasoning_parser", None)),

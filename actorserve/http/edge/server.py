@@ -92,7 +92,8 @@ def build_runtime(config: ServerConfig) -> Built:
         threading.Thread(target=engine.grammar.warm, name="grammar-warm", daemon=True).start()
     rc = config.recorder
     recorder = FlightRecorder(path=rc.path, capacity=rc.capacity, lifecycles=LIFECYCLES.values(),
-                              max_bytes=rc.max_bytes, backups=rc.backups, replica=rc.replica_id)
+                              max_bytes=rc.max_bytes, backups=rc.backups, replica=rc.replica_id,
+                              ring_bytes=rc.ring_bytes, preallocate=True)
     from ..pooling.pooling import load_pool_models
     pool = load_pool_models(mc, dtype)
     runtime = Runtime(engine, config=config.scheduler, recorder=recorder,

@@ -1,0 +1,202 @@
+"""The flight recorder's ring, held as bytes (issue 31: a server at rest should not grow).
+
+Ring entries (`recorder_ring`) arrive as small tuples. The newest `chunk` of them stay tuples
+(the hot path is one ``list.append``). When that tail is full it is *sealed*: one
+``marshal.dumps`` of the whole chunk, which shares repeated strings (actor names, message types,
+the same rid again) inside the chunk, so a sealed event takes about a quarter of its tuple's
+memory.
+
+Sealed chunks live in one of two places:
+
+- **a buffer taken up front** (``preallocate=True``, the server): one ``bytearray`` of
+  `max_bytes`, written as a circular log. A new chunk overwrites the oldest ones in its way,
+  so the ring's memory is the same from the first request on. Nothing in it grows while it
+  fills.
+- **their own `bytes` objects** (the default, for tests and tools), evicted oldest first past
+  `max_bytes` in all.
+
+Either way the ring keeps at most `capacity` events. It evicts whole chunks, so it may hold up
+to a chunk fewer. `entries()` gives every held event back as ``(seq, entry)``, equal to what
+was appended; a compacted prompt (`array`) and a step's rows (`Pairs`) survive the trip.
+"""
+
+from __future__ import annotations
+
+import json
+import marshal
+from array import array
+from collections import deque
+from typing import Any, Iterator
+
+from .recorder_ring import Pairs, plain
+
+CHUNK = 1024                     # events a sealed chunk holds (a few tens of KB)
+_TAG = ...                       # marks a compacted value in a sealed chunk (JSON data has none)
+
+
+def _pack_data(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with its compacted values in a form marshal keeps: ``(..., bytes)`` for a prompt
+    array, ``(..., tuple)`` for `Pairs`."""
+    out = {}
+    for k, v in data.items():
+        if type(v) is array:
+            v = (_TAG, v.typecode, v.tobytes())
+        elif type(v) is Pairs:
+            v = (_TAG, v.flat)
+        out[k] = v
+    return out
+
+
+def _unpack_data(data: dict[str, Any]) -> dict[str, Any]:
+    for k, v in data.items():
+        if type(v) is tuple and v and v[0] is _TAG:
+            if len(v) == 3:
+                a = array(v[1])
+                a.frombytes(v[2])
+                data[k] = a
+            else:
+                data[k] = Pairs(v[1])
+    return data
+
+
+def _packable(t: tuple) -> tuple:
+    """Entry `t` as marshal takes it: compacted values tagged; a value marshal cannot take
+    (an object that is not plain data) as its JSON form."""
+    if len(t) == 10 and t[9] is not None:
+        t = (*t[:9], _pack_data(t[9]))
+    try:
+        marshal.dumps(t)
+    except ValueError:
+        t = tuple(json.loads(json.dumps(plain(x) if type(x) is dict else x, default=str))
+                  if x is not None and type(x) not in (int, str, bool, float) else x for x in t)
+        if len(t) == 10 and t[9] is not None:
+            t = (*t[:9], _pack_data(t[9]))
+    return t
+
+
+def _unpacked(t: Any) -> tuple:
+    t = tuple(t)
+    if len(t) == 10 and type(t[9]) is dict:
+        _unpack_data(t[9])
+    return t
+
+
+class ByteRing:
+    """At most `capacity` ring entries in at most `max_bytes`: a tail of tuples (`append` is a
+    list append; `tail` is there for the recorder's hot path) and sealed chunks."""
+
+    def __init__(self, capacity: int, max_bytes: int, *, preallocate: bool = False,
+                 chunk: int = CHUNK) -> None:
+        if capacity < 1 or max_bytes < 1:
+            raise ValueError("a ring holds at least one event in at least one byte")
+        self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.chunk = max(1, min(chunk, capacity))
+        self.tail: list[tuple] = []
+        self.next_seq = 1                    # seq the next appended event gets
+        # sealed chunks, oldest first: [first seq, events, offset (-1: outside the buffer),
+        # length, blob or None, events at its start no longer held]
+        self.chunks: deque[list[Any]] = deque()
+        self.sealed = 0                      # events held in `chunks`
+        self.sealed_bytes = 0
+        self.buffer = bytearray(max_bytes) if preallocate else None   # zeroed: its pages are taken now
+        self.head = 0                        # where the buffer's next chunk goes
+
+    # -- writing ----------------------------------------------------------------------------------
+    def append(self, t: tuple) -> None:
+        self.tail.append(t)
+        self.advance()
+
+    def advance(self) -> None:
+        """One entry was appended to `tail` (the recorder does it itself on its hot path)."""
+        self.next_seq += 1
+        if len(self.tail) >= self.chunk:
+            self.seal()
+        elif self.sealed and self.sealed + len(self.tail) > self.capacity:
+            self._forget(self.sealed + len(self.tail) - self.capacity)
+
+    def seal(self) -> None:
+        """Turn the tail into one sealed chunk."""
+        tail, self.tail = self.tail, []
+        if tail:
+            self._store(tail, self.next_seq - len(tail))
+        if self.sealed > self.capacity:
+            self._forget(self.sealed - self.capacity)
+
+    def _store(self, entries: list[tuple], first: int) -> None:
+        try:
+            blob = marshal.dumps(entries if not any(len(t) == 10 and t[9] is not None for t in entries)
+                                 else [_packable(t) for t in entries])
+        except ValueError:
+            blob = marshal.dumps([_packable(t) for t in entries])
+        if len(blob) > self.max_bytes and len(entries) > 1:     # too big for the ring: halves
+            half = len(entries) // 2
+            self._store(entries[:half], first)
+            self._store(entries[half:], first + half)
+            return
+        if len(blob) > self.max_bytes:        # one event larger than the ring: all it holds,
+            while self.chunks:                # kept outside the buffer
+                self._pop()
+            self.head = 0
+            self.chunks.append([first, 1, -1, len(blob), blob, 0])
+        elif self.buffer is None:
+            self.chunks.append([first, len(entries), -1, len(blob), blob, 0])
+            while self.sealed_bytes + len(blob) > self.max_bytes:
+                self._pop()
+        else:
+            self._place(blob, first, len(entries))
+        self.sealed += len(entries)
+        self.sealed_bytes += len(blob)
+
+    def _place(self, blob: bytes, first: int, count: int) -> None:
+        n = len(blob)
+        at = self.head
+        # an event held outside the buffer (larger than it) goes once the buffer is written again
+        while self.chunks and self.chunks[0][2] < 0:
+            self._pop()
+        if at + n > self.max_bytes:          # wrap: what lies past the head is the oldest lap
+            while self.chunks and self.chunks[0][2] >= at:
+                self._pop()
+            at = 0
+        while self.chunks and at <= self.chunks[0][2] < at + n:     # the oldest chunks in the way
+            self._pop()
+        assert self.buffer is not None
+        self.buffer[at:at + n] = blob
+        self.head = at + n
+        self.chunks.append([first, count, at, n, None, 0])
+
+    def _pop(self) -> None:
+        c = self.chunks.popleft()
+        self.sealed -= c[1] - c[5]
+        self.sealed_bytes -= c[3]
+
+    def _forget(self, n: int) -> None:
+        """Let go of the `n` oldest sealed events: whole chunks, or the start of the oldest."""
+        while n > 0 and self.chunks:
+            c = self.chunks[0]
+            held = c[1] - c[5]
+            if held <= n:
+                self._pop()
+                n -= held
+            else:
+                c[5] += n
+                self.sealed -= n
+                n = 0
+
+    # -- reading ----------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.sealed + len(self.tail)
+
+    def entries(self) -> Iterator[tuple[int, tuple]]:
+        """Every held entry, oldest first, with its seq."""
+        for first, _count, at, n, blob, skip in list(self.chunks):
+            raw = marshal.loads(blob if blob is not None else bytes(self.buffer[at:at + n]))
+            for i in range(skip, len(raw)):
+                yield first + i, _unpacked(raw[i])
+        seq = self.next_seq - len(self.tail)
+        for i, t in enumerate(list(self.tail)):
+            yield seq + i, t
+
+    def memory(self) -> int:
+        """Bytes the ring's sealed part takes (the whole buffer when it was taken up front)."""
+        return len(self.buffer) if self.buffer is not None else self.sealed_bytes
