@@ -75,6 +75,8 @@ async def test_generate_single_batch_ids_stream(tiny):
         assert info["served_model_name"] == NAME and info["max_model_len"] > 0
         sinfo = await (await http.get("/server_info")).json()
         assert sinfo["server_state"] == "serving" and "kv_used_blocks" in sinfo["scheduler"]
+        assert sinfo["recorder"]["capacity"] == 100_000 and sinfo["recorder"]["events"] > 20
+        assert 0 <= sinfo["recorder"]["ring_bytes"] < 100 * sinfo["recorder"]["events"]   # sealed chunks only
         from actorserve.engine.kernels import cbuild
         want = "inplace (paged_decode-" if cbuild.compiler() else "gather+sdpa (the in-place"
         assert sinfo["decode_attention"].startswith(want)        # what runs, and why

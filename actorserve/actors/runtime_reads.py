@@ -141,7 +141,8 @@ class RuntimeReads:
                 "responses": self.responses_info(),
                 "actors": len(self.system.actors),       # live actors: requests and the fixed ones
                 "recorder": None if self.recorder is None else {
-                    "events": len(self.recorder), "capacity": self.recorder.ring.maxlen},
+                    "events": len(self.recorder), "capacity": self.recorder.ring.capacity,
+                    "ring_bytes": self.recorder.ring.memory()},
                 "recent_controls": list(self._control()["recent_controls"])}
 
     def request_info(self, rid: str) -> dict[str, Any] | None:
