@@ -16,7 +16,9 @@ After each cycle the benchmark waits until the server is at rest (no request run
 waiting, from `/metrics`), then reads the server's RSS (``VmRSS`` of its process, MB) and the
 flight recorder's and stores' sizes (`/server_info`). Prints one JSON line: ``rss_mb`` per cycle
 (index 0 is the idle server before any traffic), ``growth_pct`` per cycle (of the previous
-RSS), ``max_growth_pct_from_cycle3``, ``rest_over_start`` (the last idle RSS over the first),
+RSS), ``max_growth_pct_from_cycle3``, ``trend_pct_per_cycle_from_cycle3`` (the least-squares slope of
+the RSS after cycles 2..N, % of its mean: what the cycles add, without one cycle's ups and downs
+of the threads' heaps), ``rest_over_start`` (the last idle RSS over the first),
 ``errors`` (any answer that was not what its kind expects), ``requests`` done per kind, the
 CPU model and the arguments; with ``--smaps``, the RSS by kind of mapping too (`rss_by_region`).
 ``--cycles 3 --requests 300`` is a quick look while iterating. Goals (issue 31): from cycle 3 on growth per cycle <= 0.2%, and
@@ -217,8 +219,15 @@ async def run(args: argparse.Namespace, proc: subprocess.Popen, url: str) -> dic
                 print(f"cycle {c + 1}: {secs[-1]} s, RSS {rss[-1]} MB, {sizes[-1]}", file=sys.stderr)
     growth = [round((b - a) / a * 100, 3) for a, b in zip(rss, rss[1:])]
     late = growth[2:]                                      # cycle 3 on
+    tail = rss[2:]                                         # the RSS after cycle 2, 3, ...
+    trend = None
+    if len(tail) >= 3:                                     # least-squares slope, % of the mean
+        xm, ym = (len(tail) - 1) / 2, sum(tail) / len(tail)
+        slope = sum((i - xm) * (y - ym) for i, y in enumerate(tail)) / sum((i - xm) ** 2 for i in range(len(tail)))
+        trend = round(slope / ym * 100, 3)
     return {"bench": "soak", "cpu": cpu_name(), "server_pid_alive": proc.poll() is None, "rss_mb": rss, "growth_pct": growth,
             "max_growth_pct_from_cycle3": max(late) if late else None,
+            "trend_pct_per_cycle_from_cycle3": trend,
             "rest_over_start": round(rss[-1] / rss[0], 3), "cycle_s": secs, "server_sizes": sizes,
             "requests": soak.done, "errors": soak.errors,
             **({"rss_by_region_mb": regions} if args.smaps else {}),
