@@ -260,11 +260,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"actorserve serve: {exc}", file=sys.stderr)
         return 2
     from .server import build_runtime, serve_async
+    from ...heap import cap_malloc_arenas, settle
+    cap_malloc_arenas()      # before any thread allocates (actorserve.heap)
 
     built = build_runtime(config)
     from ...omp import release_idle_threads
     release_idle_threads()          # the step thread's OpenMP team: the only one (actorserve.omp)
-    from ...heap import settle
     settle()         # the loaded heap frozen, the young generation's threshold raised (actorserve.heap)
 
     def ready(url: str) -> None:
