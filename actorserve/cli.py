@@ -33,9 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # OpenMP's wait policy and a short spin (`omp`): set before torch loads.
+    # OpenMP's wait policy and a short spin (`omp`): set before torch loads. glibc's arenas
+    # capped (`heap`) before any library starts a thread: arenas made before stay.
+    from .heap import cap_malloc_arenas
     from .omp import apply_defaults
     apply_defaults()
+    cap_malloc_arenas()
     args = build_parser().parse_args(argv)
     return int(args._run(args) or 0)
 

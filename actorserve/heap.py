@@ -17,6 +17,8 @@
   and moved by up to 1% of RSS between cycles. With two arenas the threads share, they held
   17.9 MB at rest after every cycle, and the whole server ended 1.050x its start (1.054-1.058
   with the default). `MALLOC_ARENA_MAX` in the environment wins (glibc read it at start).
+  `actorserve.cli` caps them first thing, before the imports that start threads: glibc keeps
+  the arenas it has made, and threads started before the cap keep theirs.
 """
 
 from __future__ import annotations

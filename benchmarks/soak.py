@@ -195,7 +195,9 @@ class Soak:
             info = await r.json()
         return {"actors": info.get("actors"), "recorder_events": (info.get("recorder") or {}).get("events"),
                 "responses_stored": (info.get("responses") or {}).get("stored"),
-                "sessions_open": len((info.get("sessions") or {}).get("open") or [])}
+                "sessions_open": len((info.get("sessions") or {}).get("open") or []),
+                "kv_cached_blocks": (info.get("scheduler") or {}).get("kv_cached_blocks"),
+                "kv_free_blocks": (info.get("scheduler") or {}).get("kv_free_blocks")}
 
 
 async def run(args: argparse.Namespace, proc: subprocess.Popen, url: str) -> dict[str, Any]:

@@ -74,3 +74,17 @@ def test_the_server_caps_glibc_arenas_unless_the_environment_says_otherwise():
     capped, n = arenas("plain")
     assert capped == "None" and n > 2                     # glibc's own rule: up to 8 a core
     assert arenas("cap", MALLOC_ARENA_MAX="3") == ("False", 3)    # the environment wins
+
+
+def test_the_cli_caps_the_arenas_before_it_imports_a_subcommand(monkeypatch):
+    from actorserve import cli
+
+    order = []
+    monkeypatch.setattr(heap, "cap_malloc_arenas", lambda: order.append("cap") or True)
+    real = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: order.append("imports") or real())
+    try:
+        cli.main(["models", "--help"])
+    except SystemExit:
+        pass
+    assert order[:2] == ["cap", "imports"]

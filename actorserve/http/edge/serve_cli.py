@@ -260,8 +260,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"actorserve serve: {exc}", file=sys.stderr)
         return 2
     from .server import build_runtime, serve_async
-    from ...heap import cap_malloc_arenas, settle
-    cap_malloc_arenas()      # before any thread allocates (actorserve.heap)
+    from ...heap import settle
 
     built = build_runtime(config)
     from ...omp import release_idle_threads
