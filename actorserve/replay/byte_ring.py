@@ -60,8 +60,8 @@ def _unpack_data(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _packable(t: tuple) -> tuple:
-    """Entry `t` as marshal takes it: compacted values tagged; a value marshal cannot take
-    (an object that is not plain data) as its JSON form."""
+    """Entry `t` as marshal takes it, one entry at a time (the slow path, for a chunk marshal
+    refused): compacted values tagged; a value marshal cannot take as its JSON form."""
     if len(t) == 10 and t[9] is not None:
         t = (*t[:9], _pack_data(t[9]))
     try:
@@ -82,8 +82,12 @@ def _unpacked(t: Any) -> tuple:
 
 
 class ByteRing:
-    """At most `capacity` ring entries in at most `max_bytes`: a tail of tuples (`append` is a
-    list append; `tail` is there for the recorder's hot path) and sealed chunks."""
+    """The newest `capacity` ring entries, sealed ones in at most `max_bytes`.
+
+    The hot path is the recorder's own: ``ring.tail.append(entry)``, then `seal` once the tail
+    holds `chunk` entries (`full`). The count bound is applied when the ring is read (`len`,
+    `entries`: the newest `capacity`); what is held beyond it (at most a chunk) is let go at the
+    next seal."""
 
     def __init__(self, capacity: int, max_bytes: int, *, preallocate: bool = False,
                  chunk: int = CHUNK) -> None:
@@ -93,41 +97,38 @@ class ByteRing:
         self.max_bytes = max_bytes
         self.chunk = max(1, min(chunk, capacity))
         self.tail: list[tuple] = []
-        self.next_seq = 1                    # seq the next appended event gets
+        self.sealed_to = 0                   # seq of the last sealed entry (entries count from 1)
         # sealed chunks, oldest first: [first seq, events, offset (-1: outside the buffer),
-        # length, blob or None, events at its start no longer held]
+        # length, blob or None]
         self.chunks: deque[list[Any]] = deque()
-        self.sealed = 0                      # events held in `chunks`
+        self.sealed = 0                      # entries in `chunks`
         self.sealed_bytes = 0
         self.buffer = bytearray(max_bytes) if preallocate else None   # zeroed: its pages are taken now
         self.head = 0                        # where the buffer's next chunk goes
 
     # -- writing ----------------------------------------------------------------------------------
     def append(self, t: tuple) -> None:
-        self.tail.append(t)
-        self.advance()
-
-    def advance(self) -> None:
-        """One entry was appended to `tail` (the recorder does it itself on its hot path)."""
-        self.next_seq += 1
-        if len(self.tail) >= self.chunk:
+        tail = self.tail
+        tail.append(t)
+        if len(tail) >= self.chunk:
             self.seal()
-        elif self.sealed and self.sealed + len(self.tail) > self.capacity:
-            self._forget(self.sealed + len(self.tail) - self.capacity)
 
     def seal(self) -> None:
-        """Turn the tail into one sealed chunk."""
+        """Turn the tail into one sealed chunk, and let go of whole chunks no longer needed for
+        the newest `capacity` entries."""
         tail, self.tail = self.tail, []
         if tail:
-            self._store(tail, self.next_seq - len(tail))
-        if self.sealed > self.capacity:
-            self._forget(self.sealed - self.capacity)
+            first = self.sealed_to + 1
+            self.sealed_to += len(tail)
+            self._store(tail, first)
+        while self.chunks and self.sealed - self.chunks[0][1] >= self.capacity:
+            self._pop()
 
     def _store(self, entries: list[tuple], first: int) -> None:
+        packed = [t if len(t) == 4 or t[9] is None else (*t[:9], _pack_data(t[9])) for t in entries]
         try:
-            blob = marshal.dumps(entries if not any(len(t) == 10 and t[9] is not None for t in entries)
-                                 else [_packable(t) for t in entries])
-        except ValueError:
+            blob = marshal.dumps(packed)
+        except ValueError:                    # a value marshal cannot take: entry by entry
             blob = marshal.dumps([_packable(t) for t in entries])
         if len(blob) > self.max_bytes and len(entries) > 1:     # too big for the ring: halves
             half = len(entries) // 2
@@ -138,9 +139,9 @@ class ByteRing:
             while self.chunks:                # kept outside the buffer
                 self._pop()
             self.head = 0
-            self.chunks.append([first, 1, -1, len(blob), blob, 0])
+            self.chunks.append([first, 1, -1, len(blob), blob])
         elif self.buffer is None:
-            self.chunks.append([first, len(entries), -1, len(blob), blob, 0])
+            self.chunks.append([first, len(entries), -1, len(blob), blob])
             while self.sealed_bytes + len(blob) > self.max_bytes:
                 self._pop()
         else:
@@ -163,39 +164,30 @@ class ByteRing:
         assert self.buffer is not None
         self.buffer[at:at + n] = blob
         self.head = at + n
-        self.chunks.append([first, count, at, n, None, 0])
+        self.chunks.append([first, count, at, n, None])
 
     def _pop(self) -> None:
         c = self.chunks.popleft()
-        self.sealed -= c[1] - c[5]
+        self.sealed -= c[1]
         self.sealed_bytes -= c[3]
-
-    def _forget(self, n: int) -> None:
-        """Let go of the `n` oldest sealed events: whole chunks, or the start of the oldest."""
-        while n > 0 and self.chunks:
-            c = self.chunks[0]
-            held = c[1] - c[5]
-            if held <= n:
-                self._pop()
-                n -= held
-            else:
-                c[5] += n
-                self.sealed -= n
-                n = 0
 
     # -- reading ----------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self.sealed + len(self.tail)
+        return min(self.capacity, self.sealed + len(self.tail))
 
     def entries(self) -> Iterator[tuple[int, tuple]]:
-        """Every held entry, oldest first, with its seq."""
-        for first, _count, at, n, blob, skip in list(self.chunks):
+        """The newest `capacity` entries held, oldest first, with their seqs."""
+        tail = list(self.tail)
+        first_wanted = self.sealed_to + len(tail) - len(self) + 1
+        for first, _count, at, n, blob in list(self.chunks):
+            if first + _count <= first_wanted:
+                continue
             raw = marshal.loads(blob if blob is not None else bytes(self.buffer[at:at + n]))
-            for i in range(skip, len(raw)):
+            for i in range(max(0, first_wanted - first), len(raw)):
                 yield first + i, _unpacked(raw[i])
-        seq = self.next_seq - len(self.tail)
-        for i, t in enumerate(list(self.tail)):
-            yield seq + i, t
+        seq = self.sealed_to + 1
+        for i in range(max(0, first_wanted - seq), len(tail)):
+            yield seq + i, tail[i]
 
     def memory(self) -> int:
         """Bytes the ring's sealed part takes (the whole buffer when it was taken up front)."""

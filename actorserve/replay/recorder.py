@@ -158,8 +158,10 @@ class FlightRecorder:
         seq = self.seq = self.seq + 1
         t = (self.clock.now_ns(), rid, kind, event, src, dst, error, cause, defn, data)
         ring = self.ring
-        ring.tail.append(t)
-        ring.advance()
+        tail = ring.tail
+        tail.append(t)
+        if len(tail) >= ring.chunk:
+            ring.seal()
         if self._file is not None or self._subscribers:
             self._emit(seq, t)
         return seq
@@ -195,8 +197,10 @@ class FlightRecorder:
             seq = self.cause = self.seq = self.seq + 1
             t = (self.clock.now_ns(), getattr(message, "rid", None), type(message).__name__, actor)
             ring = self.ring
-            ring.tail.append(t)
-            ring.advance()
+            tail = ring.tail
+            tail.append(t)
+            if len(tail) >= ring.chunk:
+                ring.seal()
             if self._file is not None or self._subscribers:
                 self._emit(seq, t)
 
