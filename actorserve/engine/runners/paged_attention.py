@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from . import prefill_attention
 from .block_tables import BlockTables
 from ..kernels.decode_kernel import DecodeKernel
 from ..scheduling.sequence import Sequence
@@ -278,6 +279,10 @@ def paged_attention(q: torch.Tensor, kv: PagedKV, layer: int, plan: StepPlan, ou
     for c in plan.chunks:
         if c.start == 0 and softcap is None:        # a prompt from position 0: causal, no mask
             k, v = kv.gather(layer, c.blocks, "c")  # (its padding lies past every query)
+            if prefill_attention.takes(q, c.n):     # bf16: blocks of bf16 products (its docstring)
+                prefill_attention.causal_blocked(q[c.row:c.row + c.n], k, v, scale,
+                                                 out[c.row:c.row + c.n].view(c.n, nh, d))
+                continue
             k = k.view(1, -1, nkv, d).transpose(1, 2)
             v = v.view(1, -1, nkv, d).transpose(1, 2)
             qh = q[c.row:c.row + c.n].transpose(0, 1).unsqueeze(0)             # [1, nh, n, d]

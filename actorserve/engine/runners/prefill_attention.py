@@ -1,0 +1,70 @@
+"""Causal attention of a bfloat16 prompt chunk from position 0, in query blocks (issue 27, item 3).
+
+Why. SDPA's CPU flash kernel reached about 67 GFLOP/s at head size 64, so attention took a
+third of a 1,024-token prefill while its FLOPs are a seventh. Here each block of `BLOCK`
+queries is two batched bf16 matrix products (oneDNN) over the keys up to the block's end, with
+the softmax between them. Per layer of SmolLM2-135M (9 heads, 3 KV heads, d = 64), 2-core AMD
+EPYC, best of 7, with the server's OpenMP settings (`actorserve.omp`: a short spin):
+
+| tokens | 256 | 512 | 1,024 | 2,048 |
+|---|---:|---:|---:|---:|
+| SDPA | 1.35 ms | 5.11 | 14.35 | 47.5 |
+| blocks | 1.05 ms | 3.62 | 8.68 | 36.9 |
+
+A whole prefill (`PagedLlamaRunner`, bf16 with the default q4 decode path, one process, on and
+off alternated 6 times, min / median): 512 tokens 462 / 471 ms against 499 / 509, 1,024 tokens
+992 / 1,110 against 1,104 / 1,205. Without the spin (`OMP_WAIT_POLICY=PASSIVE` alone) the blocks'
+many small operations wait on sleeping threads: 12.9 against 14.1 ms at 1,024, slower at 256.
+The same blocks in float32 were slower than SDPA (24.0 ms at 1,024), so float32 chunks keep
+SDPA, and so do chunks shorter than `MIN_ROWS`.
+
+Arithmetic. Transformers' eager attention, step for step: scores as a bf16 product, scaled
+in bf16, masked, softmax in float32, probabilities back to bf16, a bf16 product with V.
+SDPA's flash kernel keeps its scores in float32, so the two differ by a score's bf16
+rounding (max error against a float32 reference: 0.010-0.012 here, SDPA's 0.007-0.010).
+
+GQA. The query heads sharing a KV head are rows of one product (``[n_kv, group * block, d]``),
+so K and V are read once per KV head, never repeated.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 128            # queries a block
+MIN_ROWS = 2 * BLOCK   # shorter chunks keep SDPA
+
+_masks: dict[int, torch.Tensor] = {}
+
+
+def _mask(b: int) -> torch.Tensor:
+    """True above the diagonal of a ``b x b`` block: keys after each query."""
+    m = _masks.get(b)
+    if m is None:
+        m = _masks[b] = torch.ones(b, b, dtype=torch.bool).triu_(1)
+    return m
+
+
+def takes(q: torch.Tensor, n: int) -> bool:
+    """Whether a chunk of `n` query rows of `q`'s dtype goes through `causal_blocked`."""
+    return q.dtype is torch.bfloat16 and n >= MIN_ROWS
+
+
+def causal_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                   out: torch.Tensor) -> None:
+    """``out[n, nh, d]`` = causal attention of ``q [n, nh, d]`` over ``k``/``v [L, n_kv, d]``
+    (L >= n; query i sees keys 0..i, keys past n are never read)."""
+    n, nh, d = q.shape
+    nkv = k.shape[1]
+    g = nh // nkv
+    kt = k[:n].permute(1, 2, 0)                          # [nkv, d, n]
+    vh = v[:n].transpose(0, 1)                           # [nkv, n, d]
+    qh = q.view(n, nkv, g, d).permute(1, 2, 0, 3)        # [nkv, g, n, d]
+    for s in range(0, n, BLOCK):
+        e = min(n, s + BLOCK)
+        b = e - s
+        scores = torch.bmm(qh[:, :, s:e].reshape(nkv, g * b, d), kt[:, :, :e]).mul_(scale)
+        scores.view(nkv, g, b, e)[..., s:e].masked_fill_(_mask(b), float("-inf"))
+        p = torch.softmax(scores, dim=-1)               # float32 inside, rounded to bf16 once
+        o = torch.bmm(p, vh[:, :e])                      # [nkv, g * b, d]
+        out[s:e].copy_(o.view(nkv, g, b, d).permute(2, 0, 1, 3).reshape(b, nh, d))
