@@ -14,9 +14,9 @@
   the step thread, OpenMP's and the tokenizers' threads. Pages a thread's arena keeps for a few
   live objects stay in RSS, and which pages that is changed from one burst of traffic to the
   next: in the soak (`benchmarks/soak.py --smaps`) the threads' arenas held 104-127 MB at rest
-  and moved by up to 1% of RSS between cycles. With two arenas the threads share, three soaks
-  of four had the second arena at 12-19 MB after every cycle (the churn in the main heap); in
-  the fourth it held the churn, 104-126 MB, moving again. So the cap makes the arenas fewer;
+  and moved by up to 1% of RSS between cycles. With two arenas the threads share, two soaks
+  of three had the second arena at 12-15 MB after every cycle (the churn in the main heap); in
+  the third it held the churn, 104-126 MB, moving again. So the cap makes the arenas fewer;
   it does not make the figure at rest steady (docs/engine.md, "Memory at rest").
   `MALLOC_ARENA_MAX` in the environment wins (glibc read it at start).
   `actorserve.cli` caps them first thing, before the imports that start threads: glibc keeps
