@@ -29,10 +29,23 @@ import ctypes
 import ctypes.util
 import gc
 import os
+from typing import Any
 
 GEN0_THRESHOLD = 20_000
 MALLOC_ARENAS = 2
 _M_ARENA_MAX = -8          # mallopt's parameter number (malloc.h)
+
+
+def glibc_function(name: str) -> Any:
+    """The C library's function `name` when the C library is glibc, else None (musl and others
+    have nothing to call); the caller sets its argtypes."""
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return None
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return getattr(libc, name, None)
 
 
 def cap_malloc_arenas(n: int = MALLOC_ARENAS) -> bool:
@@ -40,13 +53,7 @@ def cap_malloc_arenas(n: int = MALLOC_ARENAS) -> bool:
     its threads. False where it did nothing: not glibc, or ``MALLOC_ARENA_MAX`` already set."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
-    try:
-        if not os.confstr("CS_GNU_LIBC_VERSION"):
-            return False
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except (ValueError, OSError, AttributeError):
-        return False
-    mallopt = getattr(libc, "mallopt", None)
+    mallopt = glibc_function("mallopt")
     if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]

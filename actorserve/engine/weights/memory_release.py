@@ -33,17 +33,17 @@ tensors are mmapped and go back at once; the rest may sit in malloc's arenas unt
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import json
 import logging
-import os
 import struct
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import torch
+
+from ...heap import glibc_function
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +53,7 @@ KV, WEIGHTS = "kv_cache", "weights"
 # -- the C library -----------------------------------------------------------------------------
 def malloc_trim() -> bool:
     """glibc's ``malloc_trim(0)``; False where the C library is not glibc (nothing to call)."""
-    try:
-        if not os.confstr("CS_GNU_LIBC_VERSION"):
-            return False
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except (ValueError, OSError, AttributeError):
-        return False
-    trim = getattr(libc, "malloc_trim", None)
+    trim = glibc_function("malloc_trim")
     if trim is None:
         return False
     trim.argtypes = [ctypes.c_size_t]
