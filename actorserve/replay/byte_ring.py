@@ -182,7 +182,7 @@ class ByteRing:
         for first, _count, at, n, blob in list(self.chunks):
             if first + _count <= first_wanted:
                 continue
-            raw = marshal.loads(blob if blob is not None else bytes(self.buffer[at:at + n]))
+            raw = marshal.loads(blob if blob is not None else memoryview(self.buffer)[at:at + n])
             for i in range(max(0, first_wanted - first), len(raw)):
                 yield first + i, _unpacked(raw[i])
         seq = self.sealed_to + 1
