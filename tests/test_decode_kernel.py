@@ -44,6 +44,24 @@ def _reference(q, k_cache, v_cache, seq, ctx, bs, scale, softcap):  # type: igno
 def test_kernel_equals_each_sequence_alone(dtype, nkv, g, d, n_seqs, softcap):
     kernel, why = dk.load("inplace")
     assert kernel is not None and why.startswith("inplace")
+    _check_against_each_sequence_alone(kernel, dtype, nkv, g, d, n_seqs, softcap)
+
+
+@needs_cc
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx2", "-mno-avx512f")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_portable_builds_compute_the_same(tmp_path, flags, dtype):
+    """The vector code (GCC vector extensions, AVX-512 intrinsics where the CPU has them)
+    built as for an AVX2-only and an SSE-only CPU: the same results, for the specialised head
+    sizes (64, 128) and the plain one."""
+    import ctypes
+    path = cbuild.build("paged_decode", tmp_path, extra_flags=flags)
+    kernel = dk.DecodeKernel(ctypes.CDLL(str(path)), path)
+    for nkv, g, d, n_seqs, softcap in [(3, 3, 64, 9, None), (2, 4, 128, 2, 20.0), (1, 1, 80, 3, None)]:
+        _check_against_each_sequence_alone(kernel, dtype, nkv, g, d, n_seqs, softcap)
+
+
+def _check_against_each_sequence_alone(kernel, dtype, nkv, g, d, n_seqs, softcap):  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     rng = random.Random(d + n_seqs)
     bs, nblocks = 4, 400

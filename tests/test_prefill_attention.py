@@ -49,10 +49,34 @@ def test_blocks_compute_the_eager_attention_and_read_no_key_past_the_chunk(n):
     assert torch.equal(head, out[:pa.BLOCK])
 
 
+@pytest.mark.parametrize("start,n", [(165, 300), (500, 44), (16, 128), (859, 165)])
+def test_a_chunk_after_cached_context_computes_its_rows_of_the_whole_prompt(start, n):
+    """A chunk that continues `start` computed tokens: its rows are rows ``start..start+n`` of
+    the whole prompt's eager attention, keys past ``start + n`` are never read."""
+    torch.manual_seed(start + n)
+    total = start + n
+    L = -(-total // 16) * 16 + 16
+    q = torch.randn(total, NH, D).bfloat16()
+    k, v = torch.randn(L, NKV, D).bfloat16(), torch.randn(L, NKV, D).bfloat16()
+    k[total:], v[total:] = float("nan"), float("nan")
+    out = torch.empty(n, NH, D, dtype=torch.bfloat16)
+    pa.causal_blocked(q[start:], k, v, D ** -0.5, out, start)
+    assert not out.isnan().any()
+    eager = _eager(q, k, v, D ** -0.5)[start:].float()
+    assert (out.float() - eager).abs().max() < 0.02
+    # the same rows computed in one chunk from position 0 (other block edges, same values)
+    whole = torch.empty(total, NH, D, dtype=torch.bfloat16)
+    pa.causal_blocked(q, k, v, D ** -0.5, whole)
+    assert (out.float() - whole[start:].float()).abs().max() < 0.02
+
+
 def test_it_takes_long_bf16_chunks_only():
     bf, f32 = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1)
     assert pa.takes(bf, pa.MIN_ROWS) and not pa.takes(bf, pa.MIN_ROWS - 1)
     assert not pa.takes(f32, 4096)
+    # after cached context SDPA needs a mask (its slow path): shorter chunks take the blocks too
+    assert pa.takes(bf, pa.MIN_ROWS_AFTER, start=100) and not pa.takes(bf, pa.MIN_ROWS_AFTER - 1, start=100)
+    assert not pa.takes(f32, 4096, start=100)
 
 
 @pytest.mark.model
@@ -96,3 +120,24 @@ def test_a_long_bf16_prompt_prefills_as_with_sdpa(monkeypatch):
     assert err < 0.05 * float(sdpa.max() - sdpa.min()), err
     if float(top2[0] - top2[1]) > 2 * err:
         assert tok_blocked == tok_sdpa
+    monkeypatch.setattr(pa, "MIN_ROWS", 256)
+
+    # the same prompt in two chunks (a chunked prefill, or a prefix-cache hit): the second
+    # continues the first's KV through the blocks, and ends where one chunk ends
+    calls.clear()
+    seen = []
+    seq = Sequence("c", ids, sampling=SamplingParams(temperature=0.0, max_new_tokens=1))
+    seq.block_table = list(range(-(-len(ids) // 16)))
+    logits = engine._logits
+    engine._logits = lambda h: seen.append(logits(h)) or seen[-1]
+    try:
+        engine.execute([(seq, 100)])
+        seq.num_computed = 100
+        (out,) = engine.execute([(seq, len(ids) - 100)])
+    finally:
+        del engine._logits
+    engine.release(seq)
+    assert len(calls) == len(engine.layers)                  # the second chunk's layers (the first is short)
+    chunked = seen[-1][-1].float()
+    err = float((chunked - blocked).abs().max())
+    assert err < 0.05 * float(blocked.max() - blocked.min()), err

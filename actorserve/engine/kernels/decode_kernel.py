@@ -45,6 +45,9 @@ class DecodeKernel:
         fn.argtypes = [p, p, p, i, p, i, p, i, i, i, i, i, f, f, p, i]
         fn.restype = ctypes.c_int
         self._fn = fn
+        # `paged_decode_part`: the units of a step that start in a range of its work, on the
+        # calling thread (the fused quantized step shares them out over its step pool)
+        self.part = lib.paged_decode_part
         self.threads = 0        # OpenMP threads for a parallel step (0: torch's count at the call)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor,

@@ -43,7 +43,8 @@ class _Step(ctypes.Structure):
     _fields_ = [(name, _i) for name in ("T", "D", "nh", "nkv", "hd", "inter", "rd", "bf16",
                                         "block_size", "nb", "nthreads")] + [("scale", _f)] + \
                [(name, _p) for name in ("h", "x", "qkv", "qf", "of", "attn", "o", "gu", "act", "cos",
-                                        "sin", "slots", "table", "ctx", "attention", "lora")]
+                                        "sin", "slots", "table", "ctx", "attention", "lora",
+                                        "attention_part")]
 
 
 def _qmat(w: Any) -> _QMat:
@@ -54,12 +55,15 @@ def _qmat(w: Any) -> _QMat:
 class FusedStep:
     """`run` a step's layers in one call where it can (see the module docstring)."""
 
-    def __init__(self, runner: Any, lib: Any, attention: ctypes._CFuncPtr) -> None:
+    def __init__(self, runner: Any, lib: Any, attention: ctypes._CFuncPtr,
+                 attention_part: ctypes._CFuncPtr | None = None) -> None:
         self.r = runner
         self._fn = lib.cdll.decode_layers
         self._fn.argtypes = [_p, _i, _p]
         self._fn.restype = _i
         self._attention = ctypes.cast(attention, _p).value
+        # the attention in parts, shared out over the step pool (csrc/decode_step.c, `attn_units`)
+        self._attention_part = ctypes.cast(attention_part, _p).value if attention_part is not None else None
         layers = runner.layers
         self.inter = getattr(layers[0].mlp, quant.GATE_UP_GROUP).sizes[0]
         self._layers = (_Layer * len(layers))()
@@ -133,7 +137,7 @@ class FusedStep:
                      table.shape[1], r.threads, r.scale, h.data_ptr(),
                      *(bufs[n].data_ptr() for n in ("x", "qkv", "qf", "of", "attn", "o", "gu", "act")),
                      cos.data_ptr(), sin.data_ptr(), plan.slots.data_ptr(), table.data_ptr(), ctx.data_ptr(),
-                     self._attention, None if lora is None else lora.args.ptr)
+                     self._attention, None if lora is None else lora.args.ptr, self._attention_part)
         if self._fn(self._layers, len(self._layers), ctypes.byref(step)) != 0:
             raise RuntimeError("decode_layers: a quantized product or the attention kernel failed")
         return True

@@ -289,6 +289,11 @@ def paged_attention(q: torch.Tensor, kv: PagedKV, layer: int, plan: StepPlan, ou
             o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=group > 1)
             out[c.row:c.row + c.n].view(c.n, nh, d).copy_(o[0].transpose(0, 1))
             continue
+        if softcap is None and prefill_attention.takes(q, c.n, c.start):   # after cached context
+            k, v = kv.gather(layer, c.blocks, "c")
+            prefill_attention.causal_blocked(q[c.row:c.row + c.n], k, v, scale,
+                                             out[c.row:c.row + c.n].view(c.n, nh, d), c.start)
+            continue
         qc = q[c.row:c.row + c.n].view(c.n, nkv, group, d).permute(1, 2, 0, 3)
         qc = qc.reshape(1, nkv, group * c.n, d)
         k, v = kv.gather(layer, c.blocks, "c")

@@ -1,4 +1,4 @@
-"""Causal attention of a bfloat16 prompt chunk from position 0, in query blocks (issue 27, item 3).
+"""Causal attention of a bfloat16 prompt chunk, in query blocks (issue 27, item 3).
 
 Why. SDPA's CPU flash kernel reached about 67 GFLOP/s at head size 64, so attention took a
 third of a 1,024-token prefill while its FLOPs are a seventh. Here each block of `BLOCK`
@@ -32,7 +32,8 @@ from __future__ import annotations
 import torch
 
 BLOCK = 128            # queries a block
-MIN_ROWS = 2 * BLOCK   # shorter chunks keep SDPA
+MIN_ROWS = 2 * BLOCK   # shorter chunks from position 0 keep SDPA (its causal flash kernel)
+MIN_ROWS_AFTER = 32    # a chunk after cached context: shorter ones keep SDPA (with its mask)
 
 _masks: dict[int, torch.Tensor] = {}
 
@@ -45,26 +46,30 @@ def _mask(b: int) -> torch.Tensor:
     return m
 
 
-def takes(q: torch.Tensor, n: int) -> bool:
-    """Whether a chunk of `n` query rows of `q`'s dtype goes through `causal_blocked`."""
-    return q.dtype is torch.bfloat16 and n >= MIN_ROWS
+def takes(q: torch.Tensor, n: int, start: int = 0) -> bool:
+    """Whether a chunk of `n` query rows of `q`'s dtype whose first token is at position
+    `start` goes through `causal_blocked`."""
+    return q.dtype is torch.bfloat16 and n >= (MIN_ROWS if start == 0 else MIN_ROWS_AFTER)
 
 
 def causal_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                   out: torch.Tensor) -> None:
-    """``out[n, nh, d]`` = causal attention of ``q [n, nh, d]`` over ``k``/``v [L, n_kv, d]``
-    (L >= n; query i sees keys 0..i, keys past n are never read)."""
+                   out: torch.Tensor, start: int = 0) -> None:
+    """``out[n, nh, d]`` = causal attention of ``q [n, nh, d]``, the tokens at positions
+    ``start .. start + n - 1``, over ``k``/``v [L, n_kv, d]`` (L >= start + n; the query at
+    position p sees keys 0..p, keys past ``start + n`` are never read)."""
     n, nh, d = q.shape
     nkv = k.shape[1]
     g = nh // nkv
-    kt = k[:n].permute(1, 2, 0)                          # [nkv, d, n]
-    vh = v[:n].transpose(0, 1)                           # [nkv, n, d]
+    end = start + n
+    kt = k[:end].permute(1, 2, 0)                        # [nkv, d, end]
+    vh = v[:end].transpose(0, 1)                         # [nkv, end, d]
     qh = q.view(n, nkv, g, d).permute(1, 2, 0, 3)        # [nkv, g, n, d]
     for s in range(0, n, BLOCK):
         e = min(n, s + BLOCK)
         b = e - s
-        scores = torch.bmm(qh[:, :, s:e].reshape(nkv, g * b, d), kt[:, :, :e]).mul_(scale)
-        scores.view(nkv, g, b, e)[..., s:e].masked_fill_(_mask(b), float("-inf"))
+        seen = start + e                                 # keys this block's last query sees
+        scores = torch.bmm(qh[:, :, s:e].reshape(nkv, g * b, d), kt[:, :, :seen]).mul_(scale)
+        scores.view(nkv, g, b, seen)[..., start + s:seen].masked_fill_(_mask(b), float("-inf"))
         p = torch.softmax(scores, dim=-1)               # float32 inside, rounded to bf16 once
-        o = torch.bmm(p, vh[:, :e])                      # [nkv, g * b, d]
+        o = torch.bmm(p, vh[:, :seen])                   # [nkv, g * b, d]
         out[s:e].copy_(o.view(nkv, g, b, d).permute(2, 0, 1, 3).reshape(b, nh, d))

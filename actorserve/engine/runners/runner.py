@@ -113,7 +113,7 @@ class PagedLlamaRunner(_SamplingRunner):
         self._silu_mlp = act == "silu" and all(hasattr(self.layers[0].mlp, a)
                                                for a in ("gate_proj", "up_proj", "down_proj"))
         # q4 decode steps of a Llama-shaped model: all the layers in one C call (`fused_step`)
-        self.fused = (FusedStep(self, quant_lib(), self.decode_kernel._fn)
+        self.fused = (FusedStep(self, quant_lib(), self.decode_kernel._fn, self.decode_kernel.part)
                       if self.glue is not None and FusedStep.supports(self) else None)
         # LoRA adapters in slots (`lora`): a step with any adapter member adds their deltas
         self.lora = LoraSlots(self.layers, max_loaded=max_loaded_loras, max_rank=max_lora_rank)

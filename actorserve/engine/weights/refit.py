@@ -148,7 +148,7 @@ def _rederive(engine: Any, model: Any) -> None:
     if getattr(engine, "fused", None) is not None or getattr(engine, "glue", None) is not None:
         from ..kernels.fused_step import FusedStep
         from ..kernels.quant import _Lib as quant_lib
-        engine.fused = (FusedStep(engine, quant_lib(), engine.decode_kernel._fn)
+        engine.fused = (FusedStep(engine, quant_lib(), engine.decode_kernel._fn, engine.decode_kernel.part)
                         if engine.decode_kernel is not None and FusedStep.supports(engine) else None)
     report = model.actorserve_quant
     if report is None and getattr(engine, "glue", None) is not None:

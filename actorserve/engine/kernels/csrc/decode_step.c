@@ -19,6 +19,11 @@
 typedef int (*attention_fn)(const float *q, const void *K, const void *V, int bf16,
                             const int32_t *table, int nb, const int32_t *ctx, int D, int nkv, int g,
                             int d, int bs, float scale, float softcap, float *out, int nthreads);
+/* paged_decode.c's `paged_decode_part`: the units of the attention that start in [w0, w1) */
+typedef int (*attention_part_fn)(const float *q, const void *K, const void *V, int bf16,
+                                 const int32_t *table, int nb, const int32_t *ctx, int D, int nkv,
+                                 int g, int d, int bs, float scale, float softcap, float *out,
+                                 int split, long w0, long w1);
 
 /* One quantized product's operands: q (packed), d, m (q4), bias (float32 or NULL), N, K. */
 typedef struct {
@@ -51,7 +56,27 @@ typedef struct {
     const int32_t *table, *ctx;       /* [T, nb], [T] */
     attention_fn attention;
     const lora_t *lora;               /* the step's adapters, or NULL */
+    attention_part_fn attention_part; /* the same attention in parts (for the step pool), or NULL */
 } step_t;
+
+/* Attention shared out over the step pool (`spread`, as the products are): its threads are
+ * already spinning for the next product, so no OpenMP team has to wake (and no third thread
+ * competes for the cores with the pool's worker). */
+typedef struct {
+    const step_t *S;
+    const layer_t *l;
+    int split;
+    atomic_int failed;
+} attn_job_t;
+
+static void attn_units(const void *ext, int w0, int w1) {
+    attn_job_t *a = (attn_job_t *)ext;
+    const step_t *S = a->S;
+    if (S->attention_part(S->qf, a->l->k_cache, a->l->v_cache, S->bf16, S->table, S->nb, S->ctx, S->T,
+                          S->nkv, S->nh / S->nkv, S->hd, S->block_size, S->scale, 0.0f, S->of,
+                          a->split, w0, w1))
+        atomic_store(&a->failed, 1);
+}
 
 static int product(const qmat_t *w, const void *x, int M, void *y, int bf16) {
     return qgemv(w->bits, x, bf16, M, w->K, w->q, w->d, w->m, w->N, w->bias, y, bf16, 1);
@@ -80,8 +105,11 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
      * worker would hold the core its OpenMP thread needs, so it sleeps through attention then */
     size_t total = 0;
     for (int t = 0; t < T; t++) total += (size_t)S->ctx[t];
-    const int pause = S->nthreads > 1 && total * (size_t)nkv * (size_t)hd >= ATTENTION_PARALLEL_MIN
-                      && atomic_load(&pool.active);
+    const int big = S->nthreads > 1 && total * (size_t)nkv * (size_t)hd >= ATTENTION_PARALLEL_MIN;
+    const int pooled = big && S->attention_part && atomic_load(&pool.active) && pool.workers > 0;
+    const int pause = big && !pooled && atomic_load(&pool.active);
+    /* pooled: whole sequences when each thread gets several, else a unit per KV head */
+    const int split = T < 4 * (pool.workers + 1) ? nkv : 1;
     add_rmsnorm(S->h, NULL, 0, L[0].in_norm, L[0].in_eps, S->x, D, T, D, bf16);
     for (int li = 0; li < n; li++) {
         const layer_t *l = &L[li];
@@ -97,11 +125,21 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
             memcpy((char *)l->v_cache + (size_t)S->slots[t] * nk * es, row + (size_t)(nq + nk) * es, (size_t)nk * es);
             for (int i = 0; i < nq; i++) S->qf[(size_t)t * nq + i] = load_el(row, i, bf16);
         }
-        if (pause) qpool_active(0, 0);
-        const int rc = S->attention(S->qf, l->k_cache, l->v_cache, bf16, S->table, S->nb, S->ctx, T, nkv,
-                                    nh / nkv, hd, S->block_size, S->scale, 0.0f, S->of, S->nthreads);
-        if (pause) qpool_active(1, 0);
-        if (rc) return -1;
+        if (pooled) {
+            attn_job_t a = {S, l, split, 0};
+            job_t job = {0};
+            job.ext_fn = attn_units;
+            job.ext = &a;
+            job.n1 = (int)(total * (size_t)split);
+            spread(&job, 1, 1);
+            if (atomic_load(&a.failed)) return -1;
+        } else {
+            if (pause) qpool_active(0, 0);
+            const int rc = S->attention(S->qf, l->k_cache, l->v_cache, bf16, S->table, S->nb, S->ctx, T,
+                                        nkv, nh / nkv, hd, S->block_size, S->scale, 0.0f, S->of, S->nthreads);
+            if (pause) qpool_active(1, 0);
+            if (rc) return -1;
+        }
         for (size_t i = 0; i < (size_t)T * nq; i++) store_el(S->attn, i, S->of[i], bf16);
         if (product(&l->o, S->attn, T, S->o, bf16)) return -1;
         const lora_out_t o[1] = {{3, D, D, S->o}};

@@ -13,8 +13,12 @@
  * benchmarks/decode_attention.py): the exponential is a polynomial the compiler vectorizes
  * (libm's expf is scalar and was most of the time), blocks are walked as blocks (no division
  * per token), and bf16 rows widen to float32 with a shift. */
+#pragma GCC optimize("fp-contract=fast")   /* a * b + c as one FMA where the CPU has it */
 #include <math.h>
 #include <stdint.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,7 +26,9 @@
  * x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 polynomial, 2^n through the exponent. */
 static inline float exp_neg(float x) {
     x = x < -87.0f ? -87.0f : x;
-    float n = __builtin_roundf(x * 1.44269504089f);
+    /* round to nearest by the 1.5 * 2^23 trick: plain arithmetic, so the loop vectorizes
+     * (roundf is a libm call the compiler cannot widen; it was a scalar call per score) */
+    float n = (x * 1.44269504089f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
     float p = 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -113,27 +119,203 @@ static inline __attribute__((always_inline)) void unit(
     }
 }
 
+/* The specialised copies (d = 64, 128): 16-float vectors (GCC vector extensions: one AVX-512
+ * register, two AVX2 ones), one KV head at a time, so a head's query rows, its 16-token
+ * block's partial dot products and its output rows stay in registers:
+ * - scores: per block of 16 tokens and query row, 16 vector dot products whose horizontal
+ *   sums come out together as one vector of 16 scores (a shuffle tree: 15 shuffle pairs for
+ *   16 sums instead of 16 separate reductions);
+ * - output: per query row, d/16 vector accumulators over the whole context;
+ * - the head's rows of a block are widened from bf16 once into an aligned float32 tile (L1).
+ * Each K and V row is still read from the cache exactly once (a unit of several heads walks
+ * the context once a head, each head's rows in turn). */
+typedef float vf __attribute__((vector_size(64)));
+typedef float vfu __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t vh __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+
+static inline vf widen(const void *base, size_t at, int bf16) {
+#if defined(__AVX512F__)
+    if (bf16)
+        return (vf)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+            _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at))), 16));
+#endif
+    if (bf16) {
+        vu u = __builtin_convertvector(*(const vh *)((const uint16_t *)base + at), vu) << 16;
+        vf f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+    return *(const vfu *)((const float *)base + at);
+}
+
+/* lane t of the result = the sum of a[t]'s 16 lanes */
+static inline vf sum16(vf a[16]) {
+    vf b[8], c[4], e[2];
+    for (int i = 0; i < 8; i++)
+        b[i] = __builtin_shufflevector(a[i], a[i + 8], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+             + __builtin_shufflevector(a[i], a[i + 8], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++)
+        c[i] = __builtin_shufflevector(b[i], b[i + 4], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+             + __builtin_shufflevector(b[i], b[i + 4], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++)
+        e[i] = __builtin_shufflevector(c[i], c[i + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+             + __builtin_shufflevector(c[i], c[i + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    return __builtin_shufflevector(e[0], e[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+         + __builtin_shufflevector(e[0], e[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+}
+
+static inline float vmax(vf a) {
+    float m = a[0];
+    for (int i = 1; i < 16; i++) m = a[i] > m ? a[i] : m;
+    return m;
+}
+
+/* Softmax of one score row in place (length L, zero-padded to a multiple of 16 past it). */
+static inline void softmax_row(float *restrict sr, int L, float softcap) {
+    if (softcap > 0.f)
+        for (int p = 0; p < L; p++) sr[p] = tanhf(sr[p] / softcap) * softcap;
+    float m = -INFINITY, sum = 0.f;
+    for (int p = 0; p < L; p++) m = sr[p] > m ? sr[p] : m;
+    #pragma omp simd reduction(+:sum)
+    for (int p = 0; p < L; p++) { sr[p] = exp_neg(sr[p] - m); sum += sr[p]; }
+    float inv = 1.f / sum;
+    #pragma omp simd
+    for (int p = 0; p < L; p++) sr[p] *= inv;
+}
+
+static inline __attribute__((always_inline)) void unit_vec(
+        const float *restrict qi, const void *K, const void *V, const int bf16, const int32_t *tab,
+        int L, int nkv, int h0, int h1, int g, const int d, int bs, float scale, float softcap,
+        float *restrict s, size_t stride, float *restrict tile, float *restrict oi) {
+    const int C = d / 16;                        /* vectors a row */
+    const size_t row_stride = (size_t)nkv * d;   /* elements from one token's rows to the next */
+    /* scores: 16 tokens at a time (a cache block may be shorter or longer than 16), every head
+     * of the unit before the next 16, so the cache is read in the order it lies */
+    for (int p0 = 0; p0 < L; p0 += 16) {
+        const int tn = L - p0 < 16 ? L - p0 : 16;
+        size_t at[16];
+        for (int t = 0, j = p0 / bs, o = p0 % bs; t < tn; t++) {
+            at[t] = ((size_t)tab[j] * bs + o) * row_stride;
+            if (++o == bs) { o = 0; j++; }
+        }
+        for (int h = h0; h < h1; h++) {
+            for (int t = 0; t < tn; t++)                 /* the 16 tokens' K rows of head h, widened */
+                for (int c = 0; c < C; c++) ((vf *)tile)[t * C + c] = widen(K, at[t] + (size_t)h * d + 16 * c, bf16);
+            for (int r = 0; r < g; r++) {
+                const vfu *qr = (const vfu *)(qi + ((size_t)h * g + r) * d);
+                vf acc[16];
+                for (int t = 0; t < 16; t++) {
+                    vf a = {0};
+                    if (t < tn)
+                        for (int c = 0; c < C; c++) a += qr[c] * ((vf *)tile)[t * C + c];
+                    acc[t] = a;
+                }
+                vf sc = sum16(acc) * scale;
+                float *dst = s + ((size_t)(h - h0) * g + r) * stride + p0;
+                if (tn == 16) *(vfu *)dst = sc;
+                else for (int t = 0; t < tn; t++) dst[t] = sc[t];
+            }
+        }
+    }
+    for (int r = 0; r < (h1 - h0) * g; r++) softmax_row(s + (size_t)r * stride, L, softcap);
+    /* output: the weighted sum of V rows, in the same order; a row's d/16 accumulators stay in
+     * registers over 16 tokens (the unit's output rows are the running sums between) */
+    memset(oi + (size_t)h0 * g * d, 0, sizeof(float) * (size_t)(h1 - h0) * g * d);
+    for (int p0 = 0; p0 < L; p0 += 16) {
+        const int tn = L - p0 < 16 ? L - p0 : 16;
+        size_t at[16];
+        for (int t = 0, j = p0 / bs, o = p0 % bs; t < tn; t++) {
+            at[t] = ((size_t)tab[j] * bs + o) * row_stride;
+            if (++o == bs) { o = 0; j++; }
+        }
+        for (int h = h0; h < h1; h++) {
+            for (int t = 0; t < tn; t++)
+                for (int c = 0; c < C; c++) ((vf *)tile)[t * C + c] = widen(V, at[t] + (size_t)h * d + 16 * c, bf16);
+            for (int r = 0; r < g; r++) {
+                const float *w = s + ((size_t)(h - h0) * g + r) * stride + p0;
+                vfu *orow = (vfu *)(oi + ((size_t)h * g + r) * d);
+                vf o[8];                             /* C <= 8 (d <= 128) */
+                for (int c = 0; c < C; c++) o[c] = orow[c];
+                for (int t = 0; t < tn; t++)
+                    for (int c = 0; c < C; c++) o[c] += w[t] * ((vf *)tile)[t * C + c];
+                for (int c = 0; c < C; c++) orow[c] = o[c];
+            }
+        }
+    }
+}
+
 #define UNIT(D_) unit(qi, K, V, bf16, tab, L, nkv, h0, h1, g, D_, bs, scale, softcap, s, stride, row, oi)
+#define UNIT_VEC(D_, BF16_) unit_vec(qi, K, V, BF16_, tab, L, nkv, h0, h1, g, D_, bs, scale, softcap, s, \
+                                     stride, row, oi)
+
+/* Unit u of a step split `split` ways a sequence (whole sequences: 1; a unit per KV head:
+ * nkv), computed on the calling thread with `s` as its scratch. */
+static inline void one_unit(int u, int split, const float *q, const void *K, const void *V, int bf16,
+                            const int32_t *table, int nb, const int32_t *ctx, int nkv, int g, int d,
+                            int bs, float scale, float softcap, float *out, float *s, size_t stride) {
+    const int per = nkv / split;
+    int i = u / split, h0 = (u % split) * per, h1 = h0 + per, L = ctx[i];
+    const int32_t *tab = table + (size_t)i * nb;
+    const float *qi = q + (size_t)i * nkv * g * d;
+    float *row = s + (size_t)per * g * stride, *oi = out + (size_t)i * nkv * g * d;
+    if (d == 64 && bf16) UNIT_VEC(64, 1);
+    else if (d == 64) UNIT_VEC(64, 0);
+    else if (d == 128 && bf16) UNIT_VEC(128, 1);
+    else if (d == 128) UNIT_VEC(128, 0);
+    else UNIT(d);
+}
+
+static size_t score_stride(const int32_t *ctx, int D) {
+    int max_ctx = 0;
+    for (int i = 0; i < D; i++)
+        if (ctx[i] > max_ctx) max_ctx = ctx[i];
+    return ((size_t)max_ctx + 15) & ~(size_t)15;
+}
+
+static float *scratch(int per, int g, size_t stride, int d) {
+    /* scores, then a row's scratch (the scalar copy) or a block's widened K tile (vectors) */
+    return aligned_alloc(64, sizeof(float) * ((size_t)per * g * stride + 16 * (size_t)d + 16));
+}
+
+/* Part of a step's attention, on the calling thread, for another thread pool to share out
+ * (decode_step.c's step pool): the step is `split` units a sequence (see one_unit); unit u's
+ * work is its context length, and its units are laid end to end in that measure, W = split x
+ * sum(ctx) in all. This call computes the units that start in [w0, w1), so callers that cover
+ * [0, W) between them compute every unit once, in shares of about equal work. */
+int paged_decode_part(const float *q, const void *K, const void *V, int bf16,
+                      const int32_t *table, int nb, const int32_t *ctx,
+                      int D, int nkv, int g, int d, int bs, float scale, float softcap,
+                      float *out, int split, long w0, long w1) {
+    size_t stride = score_stride(ctx, D);
+    float *s = NULL;
+    long at = 0;
+    for (int u = 0; u < D * split; u++) {
+        long start = at;
+        at += ctx[u / split];
+        if (start < w0 || start >= w1) continue;
+        if (!s && !(s = scratch(nkv / split, g, stride, d))) return -1;
+        one_unit(u, split, q, K, V, bf16, table, nb, ctx, nkv, g, d, bs, scale, softcap, out, s, stride);
+    }
+    free(s);
+    return 0;
+}
 
 int paged_decode(const float *q, const void *K, const void *V, int bf16,
                  const int32_t *table, int nb, const int32_t *ctx,
                  int D, int nkv, int g, int d, int bs, float scale, float softcap,
                  float *out, int nthreads) {
-    int max_ctx = 0;
     size_t total = 0;
-    for (int i = 0; i < D; i++) {
-        if (ctx[i] > max_ctx) max_ctx = ctx[i];
-        total += (size_t)ctx[i];
-    }
+    for (int i = 0; i < D; i++) total += (size_t)ctx[i];
     /* a small step on one thread: waking the others costs more than they would save */
     if (total * (size_t)nkv * (size_t)d < ((size_t)1 << 18)) nthreads = 1;
-    size_t stride = ((size_t)max_ctx + 15) & ~(size_t)15;
+    size_t stride = score_stride(ctx, D);
     /* few sequences: one unit per head, so every thread has work; else whole sequences */
     int split = D < 4 * nthreads ? nkv : 1, per = nkv / split;
     int failed = 0;
     #pragma omp parallel num_threads(nthreads)
     {
-        float *s = aligned_alloc(64, sizeof(float) * ((size_t)per * g * stride + (size_t)d + 16));
+        float *s = scratch(per, g, stride, d);
         if (!s) {
             #pragma omp atomic write
             failed = 1;
@@ -141,13 +323,7 @@ int paged_decode(const float *q, const void *K, const void *V, int bf16,
         #pragma omp for schedule(dynamic, 1)
         for (int u = 0; u < D * split; u++) {
             if (!s) continue;
-            int i = u / split, h0 = (u % split) * per, h1 = h0 + per, L = ctx[i];
-            const int32_t *tab = table + (size_t)i * nb;
-            const float *qi = q + (size_t)i * nkv * g * d;
-            float *row = s + (size_t)per * g * stride, *oi = out + (size_t)i * nkv * g * d;
-            if (d == 64) UNIT(64);
-            else if (d == 128) UNIT(128);
-            else UNIT(d);
+            one_unit(u, split, q, K, V, bf16, table, nb, ctx, nkv, g, d, bs, scale, softcap, out, s, stride);
         }
         free(s);
     }
