@@ -1,9 +1,9 @@
 """q4 decode at long contexts: the step pool and the fused step against the plain path.
 
-At long contexts a step's attention runs on OpenMP threads (`decode_kernel.PARALLEL_MIN_ELEMENTS`)
-and the step pool's spinning worker would hold the core one of them needs, so the pool sleeps
-through attention (`quant.StepPool.paused`, and the same in `csrc/decode_step.c`). This
-measures that it pays: the real `PagedLlamaRunner` on the embedded SmolLM2 with q4 and
+At long contexts a step's attention runs on both cores (`decode_kernel.PARALLEL_MIN_ELEMENTS`):
+in the fused step shared out over the step pool's threads (`paged_decode_part`), on the glued
+path on OpenMP threads while the pool sleeps (`quant.StepPool.paused`). This measures what
+the pool, the glue and the fused step give there: the real `PagedLlamaRunner` on the embedded SmolLM2 with q4 and
 ``--dtype`` (default bfloat16), B sequences prefilled to L tokens (``--cases L:B,...``), then
 ``--steps`` greedy decode steps with everything on, and with the fused step, the glue and the
 pool off (the plain path), alternating on the same sequences, ``--repeats`` times; the best

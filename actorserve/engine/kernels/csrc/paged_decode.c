@@ -7,12 +7,15 @@
  * once, straight from the cache, converted to float32, and used by all g query heads.
  * Two passes per (i, h): scores (optionally soft-capped: tanh(s / c) * c) and a float32
  * softmax, then the weighted sum of V. Work units (i, h) are spread over OpenMP threads
- * (dynamic: contexts differ in length). Output: float32 [D, nkv, g, d].
+ * (dynamic: contexts differ in length), or, through `paged_decode_part`, over another pool's
+ * threads in shares of equal work (the fused q4 step's). Output: float32 [D, nkv, g, d].
  *
  * Speed notes (2-core EPYC, measured against torch's gather + SDPA in
  * benchmarks/decode_attention.py): the exponential is a polynomial the compiler vectorizes
- * (libm's expf is scalar and was most of the time), blocks are walked as blocks (no division
- * per token), and bf16 rows widen to float32 with a shift. */
+ * (libm's expf is scalar and was most of the time; its rounding too, roundf, now the
+ * 1.5 * 2^23 trick), blocks are walked as blocks (no division per token), bf16 rows widen to
+ * float32 with a shift, and head sizes 64 and 128 take the vector copy (`unit_vec`, 3x the
+ * scalar loop with the K/V in cache; docs/engine.md). */
 #pragma GCC optimize("fp-contract=fast")   /* a * b + c as one FMA where the CPU has it */
 #include <math.h>
 #include <stdint.h>
