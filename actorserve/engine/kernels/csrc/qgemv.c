@@ -94,7 +94,8 @@ static inline __attribute__((always_inline)) void q4_row(
  * sum((128 + q) x); the weight is d q + m, so the row's result is
  *   sum_g d_g sum((128 + q) x) + (m_g - 128 d_g) sum_g(x),
  * with the per-group activation sums `xs` (float32). About two thirds of the float path's
- * instructions per group (no int-to-float conversions, no dequantizing FMAs). */
+ * instructions per group (no int-to-float conversions, no dequantizing FMAs), and two groups
+ * at a time with the activations in their order (`pair_order`): no shuffles of the weights. */
 static inline __attribute__((always_inline)) void q4_row_bf16(
         const uint16_t *restrict x, const int M, int K, const uint8_t *restrict qn,
         const uint16_t *restrict dn, const uint16_t *restrict mn, const float *restrict xs,
@@ -104,6 +105,7 @@ static inline __attribute__((always_inline)) void q4_row_bf16(
     for (int r = 0; r < M; r++) a0[r] = a1[r] = off[r] = _mm512_setzero_ps();
     const __m256i nib16 = _mm256_set1_epi16(0xf);
     const __m512i nib = _mm512_set1_epi16(0xf), k128 = _mm512_set1_epi16(0x4300);
+    const __m512i pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     for (int g0 = 0; g0 < G; g0 += 16) {            /* 16 groups' d and m at a time */
         const int ng = G - g0 < 16 ? G - g0 : 16;
         const __mmask16 mask = (__mmask16)((1u << ng) - 1);
@@ -116,18 +118,18 @@ static inline __attribute__((always_inline)) void q4_row_bf16(
         for (; j + 2 <= ng; j += 2) {           /* two groups: 32 bytes unpacked at once */
             const int g = g0 + j;
             __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qn + g * 16)));
-            __m512i lo = _mm512_ternarylogic_epi32(b, nib, k128, 0xEA);          /* (b & 15) | k128 */
-            __m512i hi = _mm512_or_si512(_mm512_srli_epi16(b, 4), k128);
-            /* 128-bit lanes 0-1 hold group g's nibbles, 2-3 group g + 1's: one group a vector */
-            __m512bh w0 = (__m512bh)_mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
-            __m512bh w1 = (__m512bh)_mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
-            __m512 dv0 = _mm512_permutexvar_ps(_mm512_set1_epi32(j), dvec);
-            __m512 dv1 = _mm512_permutexvar_ps(_mm512_set1_epi32(j + 1), dvec);
+            /* lanes 0-15 hold group g's weights 0..15 (lo) and 16..31 (hi), lanes 16-31 group
+             * g + 1's; x comes in the same order (`pair_order`), so each 32-bit lane of the
+             * dot products belongs to one group: 0-7 to g, 8-15 to g + 1, scaled by one vector */
+            __m512bh lo = (__m512bh)_mm512_ternarylogic_epi32(b, nib, k128, 0xEA);   /* (b & 15) | k128 */
+            __m512bh hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(b, 4), k128);
+            __m512 dv = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32(j), pair), dvec);
             for (int r = 0; r < M; r++) {
                 const uint16_t *xr = x + (size_t)r * K + (size_t)g * 32;
-                __m512bh x0 = (__m512bh)_mm512_loadu_si512(xr), x1 = (__m512bh)_mm512_loadu_si512(xr + 32);
-                a0[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), w0, x0), dv0, a0[r]);
-                a1[r] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), w1, x1), dv1, a1[r]);
+                __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), lo, (__m512bh)_mm512_loadu_si512(xr));
+                t = _mm512_dpbf16_ps(t, hi, (__m512bh)_mm512_loadu_si512(xr + 32));
+                if (j & 2) a1[r] = _mm512_fmadd_ps(t, dv, a1[r]);
+                else a0[r] = _mm512_fmadd_ps(t, dv, a0[r]);
             }
         }
         if (j < ng) {                           /* an odd last group */
@@ -411,6 +413,28 @@ int qgemv_bf16_path(int on) {
 #endif
 }
 
+/* The bf16 path's activations, each pair of groups (64 values) in the order of a pair of q4
+ * groups unpacked at once: group g's first 16, group g + 1's first 16, g's last 16, g + 1's
+ * last 16 (the low nibbles of both groups' bytes, then the high ones). An odd last group
+ * stays as it is. */
+static void pair_order(const uint16_t *x, int M, int K, uint16_t *out) {
+    const int G = K / 32;
+    for (int r = 0; r < M; r++) {
+        const uint16_t *xr = x + (size_t)r * K;
+        uint16_t *o = out + (size_t)r * K;
+        int g = 0;
+        for (; g + 2 <= G; g += 2) {
+            const uint16_t *p = xr + (size_t)g * 32;
+            uint16_t *q = o + (size_t)g * 32;
+            memcpy(q, p, 32);
+            memcpy(q + 16, p + 32, 32);
+            memcpy(q + 32, p + 16, 32);
+            memcpy(q + 48, p + 48, 32);
+        }
+        if (g < G) memcpy(o + (size_t)g * 32, xr + (size_t)g * 32, 64);
+    }
+}
+
 /* y[M, N] = x[M, K] @ W^T (+ bias): `kind` 4 (q4: q packed nibbles, d and m) or 8 (q8: q int8,
  * d; m unused), either with the flag QG_ACT8 (16) multiplying 8-bit activations (act8.c;
  * for q8 the weights are then stored offset, q + 128 as uint8), q4 with QG_ACT8 | QG_N16 (48)
@@ -447,6 +471,12 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         xs[i] = sum;
     }
     const uint16_t *xb = x_bf16 && kind == 4 && bf16_path && (M <= 4 || M > MAXM) ? (const uint16_t *)x : NULL;
+    uint16_t *xpair = NULL;
+    if (xb) {                   /* the order q4_row_bf16 reads: `pair_order` */
+        if (!(xpair = malloc(sizeof(uint16_t) * (size_t)M * K))) { free(xf); return -1; }
+        pair_order(xb, M, K, xpair);
+        xb = xpair;
+    }
     int8_t *xq = NULL;
     float *xd = NULL, *xdv = NULL;
     int32_t *xinit = NULL;
@@ -462,5 +492,6 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
     job_t job = {kind, M, K, N, G, y_bf16, 0, n16 ? N / 16 : N, xf, xs, bias, xb, xq, xd, xdv, xinit, n16, q, d, m, y};
     spread(&job, N >= 64, nthreads);
     free(xf);
+    free(xpair);
     return 0;
 }
