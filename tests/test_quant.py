@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from actorserve.engine.kernels import cbuild, quant
 from actorserve.engine.runners import paths
+from actorserve.engine.weights.dtype import cpu_bf16_flags
 
 pytestmark = pytest.mark.skipif(cbuild.compiler() is None, reason="no C compiler to build the kernels")
 
@@ -102,6 +103,8 @@ def test_auto_quantizes_only_the_linears_whose_blocks_are_exact():
     assert rep.describe().startswith("auto -> q4: 1 linears")
     chosen = paths.phase_paths(rep, torch.bfloat16, "asked for")
     assert chosen[f"decode <= {quant.MAX_ROWS} rows"].startswith("q4/q8 C kernels")
+    dots = "avx512_bf16 dot products" in chosen[f"decode <= {quant.MAX_ROWS} rows"]
+    assert dots == ("avx512_bf16" in cpu_bf16_flags())          # the path the kernels take here
     assert "dense bfloat16" in chosen["prefill"]
     lossy_only = torch.nn.Module()
     lossy_only.lin = _exact_and_lossy().lossy
@@ -187,7 +190,7 @@ def test_bf16_activations_take_the_dot_product_path_and_agree_with_the_float_pat
     if lib.bf16_path(-1) < 0:
         pytest.skip("this CPU has no avx512_bf16: only the float path is built")
     deq = quant.dequantize_q4(ql.w.q, ql.w.d, ql.w.m)
-    ql.w.max_rows = 24         # wide steps too: 4 rows a pass on this path
+    ql.w.max_rows = 24         # wide steps too: 8 rows a pass
     for rows in [*range(1, quant.MAX_ROWS + 1), 9, 13, 24]:
         x = (torch.randn(rows, 320) * 2).bfloat16()
         want = F.linear(x.float(), deq, ql.module.bias.float())

@@ -23,7 +23,7 @@ says how close; 0 up to float32 rounding for the default model). For a model tha
 quantized this way it is ordinary 4-bit quantization, with its usual loss: check it.
 
 Arithmetic. Activations and accumulation stay float32 in the kernel; the output is cast to the
-model's dtype. With bfloat16 activations (steps of at most 4 rows, CPUs with avx512_bf16) the
+model's dtype. With bfloat16 activations (every step the kernels take, CPUs with avx512_bf16) the
 q4 kernel multiplies the activations as they are by the nibbles as bfloat16 numbers
 (vdpbf16ps; exact products, float32 sums) and applies d and m per group after: the same sums
 in another order, about 10% faster a step (`_Lib.bf16_path` turns it off, for comparison).

@@ -23,7 +23,12 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
         why = ("auto: the weights are not exact 4-bit blocks, so a quantized copy would change them"
                if asked == "auto" else "--quantization none")
         return {"decode": f"{dense_path} ({why})", "prefill": dense_path}
-    act = "8-bit activations, avx512_vnni" if report.mode == "q4a8" else "float activations"
+    if report.mode == "q4a8":
+        act = "8-bit activations, avx512_vnni"
+    elif dtype is torch.bfloat16 and "avx512_bf16" in cpu_bf16_flags():
+        act = "bf16 activations: q4 through avx512_bf16 dot products, q8 in float32"
+    else:
+        act = "float activations"
     why = ("auto: the weights re-quantize exactly (they came from GGUF Q4_1/Q8_0 blocks), so the "
            "kernels compute with the model's own weights" if report.asked == "auto" else f"--quantization {report.mode}")
     rows = MAX_ROWS if report.mode == "q4a8" else report.kernel_rows

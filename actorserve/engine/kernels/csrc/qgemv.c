@@ -303,7 +303,7 @@ static void run_rows(const job_t *j) {
         job_t part = *j;                /* after another, so its weights are read from memory once */
         for (int n = j->n0; n < j->n1; n++) {
             part.n0 = n, part.n1 = n + 1;
-            const int step = j->xb ? 4 : MAXM;      /* the bf16 path's rows: at most 4 */
+            const int step = MAXM;
             for (int r0 = 0; r0 < M; r0 += step) {
                 part.M = M - r0 < step ? M - r0 : step;
                 part.xf = xf + (size_t)r0 * K;
@@ -470,7 +470,7 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         for (int e = 0; e < 32; e++) sum += xf[i * 32 + e];
         xs[i] = sum;
     }
-    const uint16_t *xb = x_bf16 && kind == 4 && bf16_path && (M <= 4 || M > MAXM) ? (const uint16_t *)x : NULL;
+    const uint16_t *xb = x_bf16 && kind == 4 && bf16_path ? (const uint16_t *)x : NULL;
     uint16_t *xpair = NULL;
     if (xb) {                   /* the order q4_row_bf16 reads: `pair_order` */
         if (!(xpair = malloc(sizeof(uint16_t) * (size_t)M * K))) { free(xf); return -1; }
