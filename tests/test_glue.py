@@ -165,6 +165,43 @@ def test_the_fused_step_decodes_as_the_glued_one(arch, dtype, mode):
     assert sum(off) <= len(off) // 4, off
 
 
+def test_steps_up_to_the_kernel_width_are_fused_and_decode_as_the_glued_one():
+    """bf16 activations on the dot-product path: decode steps of 9-16 rows take the fused
+    step too (`quant.kernel_rows`: 16 rows there, 8 a pass over each weight row), and decode
+    the tokens of the glued path."""
+    import transformers as tr
+    from test_model_families import COMMON, make
+
+    if quant._Lib().bf16_path(-1) != 1:
+        pytest.skip("this CPU has no avx512_bf16: the kernels take 8 rows")
+    torch.manual_seed(0)
+    model = tr.LlamaForCausalLM(tr.LlamaConfig(**{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 1},
+                                               head_dim=32)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 1.0)
+    model = model.to(torch.bfloat16)
+    model.actorserve_quant = quant.quantize_model(model, "q4")
+    assert model.actorserve_quant.kernel_rows == quant.DOT_ROWS == 16
+    prompts = [[(7 * i + 3 * j) % 250 + 3 for j in range(3 + i % 5)] for i in range(12)]
+    runs = []
+    for fused in (True, False):
+        d, rec = make(model, num_blocks=128)
+        assert d.engine.kernel_rows == 16
+        widths = []
+        if fused:
+            real = d.engine.fused.run
+            d.engine.fused.run = lambda plan, h, *a: (widths.append((h.shape[0], real(plan, h, *a))), widths[-1][1])[1]
+        else:
+            d.engine.fused = None
+        runs.append((d.run([d.new(f"r{i}", p) for i, p in enumerate(prompts)], 6, chunk=64), rec.logits))
+        if fused:
+            assert (12, True) in widths                  # 12 decode rows in one fused call
+    (tokens, logits), (ref_tokens, ref_logits) = runs
+    assert tokens == ref_tokens
+    for rid, steps in logits.items():
+        torch.testing.assert_close(torch.stack(steps), torch.stack(ref_logits[rid]), atol=5e-2, rtol=5e-2)
+
+
 def test_long_contexts_pause_the_step_pool_around_attention_and_decode_the_same():
     """Past `decode_kernel.PARALLEL_MIN_ELEMENTS` the attention kernel runs on OpenMP threads:
     the step pool sleeps through it (fused step in C, glued path in Python) and the tokens are

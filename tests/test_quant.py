@@ -78,8 +78,10 @@ def test_kernel_equals_the_dense_product_of_the_dequantized_weights(kind, dtype)
 
 def test_the_kernels_widest_step_is_the_fused_steps_unless_set(monkeypatch):
     assert quant.KERNEL_ROWS == quant._kernel_rows() == quant.MAX_ROWS     # wider: packed dense
+    assert quant.kernel_rows(torch.float32, True) == quant.kernel_rows(torch.bfloat16, False) == quant.MAX_ROWS
+    assert quant.kernel_rows(torch.bfloat16, True) == quant.DOT_ROWS == 16  # bf16 dot products: 16
     monkeypatch.setenv("ACTORSERVE_Q4_ROWS", "24")
-    assert quant._kernel_rows() == 24
+    assert quant._kernel_rows() == 24 == quant.kernel_rows(torch.bfloat16, True)
 
 
 def _exact_and_lossy() -> torch.nn.Module:
@@ -229,7 +231,8 @@ class _Attn(torch.nn.Module):
 def test_grouped_projections_are_one_call_equal_to_their_members(dtype):
     torch.manual_seed(3)
     mod = _Attn().to(dtype)
-    assert quant.quantize_model(mod, "q4").layers == 6
+    rep = quant.quantize_model(mod, "q4")
+    assert rep.layers == 6
     qkv, gate_up = getattr(mod, quant.QKV_GROUP), getattr(mod, quant.GATE_UP_GROUP)
     assert qkv.sizes == [64, 32, 32] and gate_up.sizes == [48, 48]
     # the members' quantized tensors are views of the group's: nothing is held twice
@@ -245,7 +248,8 @@ def test_grouped_projections_are_one_call_equal_to_their_members(dtype):
             assert torch.equal(got, want)
         g, u = gate_up(x)
         assert torch.equal(g, mod.gate_proj(x)) and torch.equal(u, mod.up_proj(x))
-    wide = torch.randn(quant.KERNEL_ROWS + 1, 96).to(dtype)          # wider: each dense weight
+    assert qkv.w.max_rows == gate_up.w.max_rows == rep.kernel_rows     # the group as wide as its members
+    wide = torch.randn(rep.kernel_rows + 1, 96).to(dtype)             # wider: each dense weight
     for got, lin in zip(qkv(wide), (mod.q_proj, mod.k_proj, mod.v_proj)):
         torch.testing.assert_close(got, F.linear(wide, lin.weight, lin.bias))
     assert not hasattr(torch.nn.Linear(32, 4), quant.QKV_GROUP)

@@ -8,7 +8,7 @@ attention wrapper, SiLU and the multiply), a few microseconds each, 30 layers a 
 What. For a Llama-shaped model (separate q/k/v and gate/up, both grouped by `quant`; HF's
 Llama-style norms; SiLU MLP; no per-head norms, sandwich norms or soft-capping) quantized
 with q4 and decoding with the in-place attention kernel: a step whose rows are all decode
-rows of one attention group (at most `quant.MAX_ROWS`) runs every layer in one call, the
+rows of one attention group (at most the runner's `kernel_rows`) runs every layer in one call, the
 operations `PagedLlamaRunner._forward_glued` makes one by one, in the same order and with
 the same arithmetic (SiLU's exponential is C's ``expf`` rather than torch's vectorised one: a
 float32 rounding apart). Anything else (a prefill chunk, speculation's verify rows, another
@@ -117,7 +117,7 @@ class FusedStep:
         T = h.shape[0]
         if lora is not None and lora.args is None:
             return False
-        if (T > quant.MAX_ROWS or plan.chunks or len(plan.decode) != 1 or not plan.decode[0].dense
+        if (T > self.r.kernel_rows or plan.chunks or len(plan.decode) != 1 or not plan.decode[0].dense
                 or plan.slots.dtype != torch.int64 or cos.dtype != h.dtype or not cos.is_contiguous()
                 or not sin.is_contiguous()):
             return False

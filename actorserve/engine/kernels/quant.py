@@ -88,6 +88,23 @@ PARALLEL_MIN = _parallel_min()
 GROUP = 32
 
 
+DOT_ROWS = 16   # the widest step through the kernels when bf16 activations take the dot path
+
+
+def kernel_rows(dtype: torch.dtype | None = None, dot_path: bool = False) -> int:
+    """The widest step whose q4/q8 products take the C kernels, for a model of `dtype` whose
+    bf16 activations take the dot-product path (`dot_path`: `_Lib.bf16_path`). There, one
+    fused call a step of up to 16 rows beats the packed dense weight (SmolLM2 decode steps on
+    the 2-core AMD EPYC, `benchmarks/quant_decode.py --configs q4_bf16` with the fused step
+    allowed that wide, alternated twice, ms: 12 rows 35.0 / 33.1 against dense 52.7 / 51.2,
+    16 rows 44.1 / 45.0 against 61.4 / 58.5, 24 rows 69.2 / 70.1 against 74.2 / 73.6 (nearly a
+    tie, so dense), 32 rows 109 / 98 against 79 / 81). Otherwise `_kernel_rows`.
+    ``ACTORSERVE_Q4_ROWS`` sets another width either way."""
+    if os.environ.get("ACTORSERVE_Q4_ROWS"):
+        return _kernel_rows()
+    return DOT_ROWS if dtype is torch.bfloat16 and dot_path else MAX_ROWS
+
+
 def _kernel_rows() -> int:
     """The widest step whose q4/q8 products take the C kernels (float activations). The kernel
     takes any width, `MAX_ROWS` rows a pass over each output row (so the weights are read once
@@ -409,7 +426,16 @@ def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
     if mode == "q4a8" and not lib.act8_simd:
         log.warning("q4a8: this CPU has no avx512_vnni, so its products run as portable C loops "
                     "(slower than q4; prefill keeps the dense weights)")
-    report = QuantReport(mode, layers, skipped, qbytes, dbytes, err, asked,
-                         MAX_ROWS if mode == "q4a8" else KERNEL_ROWS)
+    rows = MAX_ROWS
+    if mode != "q4a8":
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        rows = kernel_rows(dtype, lib.bf16_path(-1) == 1)
+        for mod in model.modules():
+            ql = getattr(mod, "forward", None) if isinstance(mod, torch.nn.Linear) else None
+            for w in [ql.w] if isinstance(ql, QuantLinear) else \
+                    [g.w for g in (getattr(mod, QKV_GROUP, None), getattr(mod, GATE_UP_GROUP, None)) if g is not None]:
+                if w.sb is None:
+                    w.max_rows = rows
+    report = QuantReport(mode, layers, skipped, qbytes, dbytes, err, asked, rows)
     log.info("quantization %s", report.describe())
     return report

@@ -34,8 +34,9 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
     rows = MAX_ROWS if report.mode == "q4a8" else report.kernel_rows
     paths = {f"decode <= {MAX_ROWS} rows": f"q4/q8 C kernels ({act}), one fused C call a step ({why})"}
     if rows > MAX_ROWS:
-        paths[f"decode {MAX_ROWS + 1}-{rows} rows"] = (f"q4/q8 C kernels, {MAX_ROWS} rows a pass over each "
-                                                      "weight row (read once a step)")
+        paths[f"decode {MAX_ROWS + 1}-{rows} rows"] = (f"q4/q8 C kernels ({act}), {MAX_ROWS} rows a pass "
+                                                      "over each weight row (read once a step), one fused C "
+                                                      "call a step")
     paths[f"steps > {rows} rows (wide decode)"] = (f"{dense_path}: from {rows + 1} rows as fast as the "
                                                    "kernels or faster (measured: quant.KERNEL_ROWS)")
     paths["prefill"] = ("q4n16 superblocks with 8-bit activations" if report.mode == "q4a8" and _act8_simd()

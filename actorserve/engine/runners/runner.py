@@ -107,6 +107,9 @@ class PagedLlamaRunner(_SamplingRunner):
         self.step_pool = step_pool(model)
         # q4: the norms and RoPE of those steps in C too (`glue`), where it copies HF's norms
         quantized = getattr(model, "actorserve_quant", None) is not None
+        # the widest step the quantized kernels (and so the step pool, the glue and the fused
+        # step) take: `quant.kernel_rows`, 16 where bf16 activations take the dot path
+        self.kernel_rows = model.actorserve_quant.kernel_rows if quantized else MAX_ROWS
         self.glue = (glue_mod.load() if quantized and not family.sandwich
                      and glue_mod.usable(self.layers, self.dtype) else None)
         act = getattr(cfg, "hidden_act", None)
@@ -172,7 +175,7 @@ class PagedLlamaRunner(_SamplingRunner):
         h = self.base.embed_tokens(plan.input_ids)
         cos, sin = self._rope(plan.positions, h)
         attn_out = self.kv.scratch("attn", (T, nh * d))
-        if self.glue is not None and T <= MAX_ROWS:
+        if self.glue is not None and T <= self.kernel_rows:
             if self.fused is not None and self.fused.run(plan, h, cos, sin, lora):
                 return h
             return self._forward_glued(plan, h, cos, sin, attn_out, lora)
@@ -239,7 +242,7 @@ class PagedLlamaRunner(_SamplingRunner):
         if plan.num_tokens == 0:
             return outputs
         lora = self.lora.step(batch, plan)     # None: every member runs on the base model
-        if self.step_pool is not None and plan.num_tokens <= MAX_ROWS:
+        if self.step_pool is not None and plan.num_tokens <= self.kernel_rows:
             with self.step_pool, _torch_threads(1):
                 return self._run(plan, batch, outputs, lora)
         return self._run(plan, batch, outputs, lora)
