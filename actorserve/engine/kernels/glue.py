@@ -8,7 +8,7 @@ each of q and k, each a few microseconds for a few hundred numbers, 30 layers a 
 
 What. `Glue.add_rmsnorm` (the residual add and the next norm in one call) and `Glue.rope`
 (in place, q and k of a layer in one call when they are adjacent in the q/k/v product's
-output), for the steps that already take the quantized kernels (at most `quant.MAX_ROWS`
+output), for the steps that already take the quantized kernels (at most the runner's `kernel_rows`
 rows, ``--quantization q4``) and only for the norms whose arithmetic it copies (HF's
 Llama-style RMSNorm: Llama, Mistral, Qwen2/3, Phi-3; Gemma's ``1 + w`` norms keep torch).
 Dense steps keep HF's own modules, so the dense paths stay HF's arithmetic exactly.
