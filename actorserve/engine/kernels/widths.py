@@ -1,0 +1,45 @@
+"""How wide a step the quantized kernels take (`quant`): `MAX_ROWS` rows a pass over each
+weight row, and the widest step sent to them rather than to the packed dense weight, which
+depends on the activations' path (`kernel_rows`)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+MAX_ROWS = 8            # csrc/qgemv.c's MAXM: rows a pass over each weight row
+
+
+DOT_ROWS = 16   # the widest step through the kernels when bf16 activations take the dot path
+
+
+def kernel_rows(dtype: torch.dtype | None = None, dot_path: bool = False) -> int:
+    """The widest step whose q4/q8 products take the C kernels, for a model of `dtype` whose
+    bf16 activations take the dot-product path (`dot_path`: `_Lib.bf16_path`). There, one
+    fused call a step of up to 16 rows beats the packed dense weight (SmolLM2 decode steps on
+    the 2-core AMD EPYC, `benchmarks/quant_decode.py --configs q4_bf16` with the fused step
+    allowed that wide, alternated twice, ms: 12 rows 35.0 / 33.1 against dense 52.7 / 51.2,
+    16 rows 44.1 / 45.0 against 61.4 / 58.5, 24 rows 69.2 / 70.1 against 74.2 / 73.6 (nearly a
+    tie, so dense), 32 rows 109 / 98 against 79 / 81). Otherwise `_kernel_rows`.
+    ``ACTORSERVE_Q4_ROWS`` sets another width either way."""
+    if os.environ.get("ACTORSERVE_Q4_ROWS"):
+        return _kernel_rows()
+    return DOT_ROWS if dtype is torch.bfloat16 and dot_path else MAX_ROWS
+
+
+def _kernel_rows() -> int:
+    """The widest step whose q4/q8 products take the C kernels (float activations). The kernel
+    takes any width, `MAX_ROWS` rows a pass over each output row (so the weights are read once
+    a step), but from 9 rows on the dense weight through oneDNN (`engine.runners.dense`, packed at
+    load) is as fast or faster: the kernel's cost grows with its float32 arithmetic per row.
+    Measured on the 2-core AMD EPYC (avx512_bf16, no AMX), SmolLM2 decode steps, ms (kernel vs
+    packed dense; benchmarks/quant_decode.py --batches with ACTORSERVE_Q4_ROWS): bf16 10 rows
+    55 vs 55, 12 rows 63 vs 57, 16 rows 87 vs 57-72; float32 12 rows 70 vs 61, 16 rows 102 vs 75.
+    A tie goes to the library, so `MAX_ROWS`. ``ACTORSERVE_Q4_ROWS`` sets another width
+    (benchmarks)."""
+    env = os.environ.get("ACTORSERVE_Q4_ROWS")
+    return max(1, int(env)) if env else MAX_ROWS
+
+
+KERNEL_ROWS = _kernel_rows()
