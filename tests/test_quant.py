@@ -256,6 +256,26 @@ def test_grouped_projections_are_one_call_equal_to_their_members(dtype):
 
 
 @pytest.mark.model
+def test_a_bf16_load_and_reload_size_the_kernels_for_bf16():
+    """A load quantizes from float32 and then casts (so does a weights reload): how wide a step
+    the kernels take is the served dtype's (`widths.kernel_rows`), not float32's."""
+    from actorserve.engine.weights.models import load_model
+    from actorserve.engine.weights.refit import load_from_disk
+    from actorserve.engine.runners.runner import build_engine
+
+    model, _, path = load_model("default", threads=2, dtype=torch.bfloat16, quantization="auto")
+    want = quant.kernel_rows(torch.bfloat16, quant._Lib().bf16_path(-1) == 1)
+    assert want == (quant.DOT_ROWS if "avx512_bf16" in cpu_bf16_flags() else quant.MAX_ROWS)
+    assert model.actorserve_quant.kernel_rows == want
+    assert model.lm_head.forward.w.max_rows == model.model.layers[0].mlp.down_proj.forward.w.max_rows == want
+    engine = build_engine(model, num_blocks=64, block_size=16)
+    assert engine.kernel_rows == want
+    assert load_from_disk(engine, str(path)) > 0     # a reload quantizes from float32 again
+    assert model.actorserve_quant.kernel_rows == want
+    assert model.lm_head.forward.w.max_rows == want
+
+
+@pytest.mark.model
 def test_default_model_q4_is_its_own_weights_and_decodes_the_same():
     from actorserve.engine.weights.models import load_model
     from actorserve.engine.runners.runner import build_engine

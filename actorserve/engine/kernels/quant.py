@@ -346,12 +346,14 @@ class QuantReport:
                 f"{self.skipped} left dense, max relative weight error {self.max_rel_err:.2g}")
 
 
-def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
+def quantize_model(model: Any, mode: str | None, dtype: torch.dtype | None = None) -> QuantReport | None:
     """Give every eligible linear of `model` a quantized decode path (see the module docstring);
     the LM head gets q8, the rest q4. None for mode ``none``. Mode ``auto`` is q4 for the
     linears whose weights re-quantize exactly (`EXACT_TOL`: weights that came from GGUF's
     Q4_1/Q8_0 blocks, so the kernels compute with the model's own weights) and dense for the
-    rest; None when no linear is exact."""
+    rest; None when no linear is exact. `dtype`: the dtype the model will run in (a load
+    quantizes from float32, then casts), which sets how wide a step the kernels take
+    (`widths.kernel_rows`); by default its parameters' dtype."""
     asked = (mode or "none").lower()
     if asked not in MODES:
         raise ValueError(f"unknown quantization {asked!r}; use one of {', '.join(MODES)}")
@@ -395,7 +397,8 @@ def quantize_model(model: Any, mode: str | None) -> QuantReport | None:
                     "(slower than q4; prefill keeps the dense weights)")
     rows = MAX_ROWS
     if mode != "q4a8":
-        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        if dtype is None:
+            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
         rows = kernel_rows(dtype, lib.bf16_path(-1) == 1)
         for mod in model.modules():
             ql = getattr(mod, "forward", None) if isinstance(mod, torch.nn.Linear) else None

@@ -254,7 +254,7 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, threads: int | Non
     model.actorserve_quant = None
     if quantize:
         from ..kernels.quant import quantize_model
-        model.actorserve_quant = quantize_model(model, quantization)
+        model.actorserve_quant = quantize_model(model, quantization, dtype or torch.float32)
         if dtype is not None and dtype != torch.float32:
             model.to(dtype)
     model.eval()

@@ -112,7 +112,7 @@ def apply_checked(engine: Any, new: dict[str, Any]) -> int:
                     n += 1
         if report is not None:
             from ..kernels.quant import quantize_model
-            model.actorserve_quant = quantize_model(model, report.asked or report.mode)
+            model.actorserve_quant = quantize_model(model, report.asked or report.mode, dtype)
     finally:                                   # even a failed copy leaves a model that runs in
         if recast:                             # its own dtype with its derived copies (what it
             model.to(dtype)                    # holds then is said by the raised error's caller)
