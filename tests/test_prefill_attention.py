@@ -97,19 +97,23 @@ def test_a_long_bf16_prompt_prefills_as_with_sdpa(monkeypatch):
     real = pa.causal_blocked
     monkeypatch.setattr(pa, "causal_blocked", lambda *a: calls.append(1) or real(*a))
 
-    def prefill_logits() -> torch.Tensor:
+    def prefill_logits(chunks: tuple[int, ...] = (len(ids),)) -> tuple[torch.Tensor, int]:
+        """The prompt's next-token logits and token, prefilled in `chunks` (token counts)."""
         seen = []
         seq = Sequence("p", ids, sampling=SamplingParams(temperature=0.0, max_new_tokens=1))
         seq.block_table = list(range(-(-len(ids) // 16)))
         logits = engine._logits
         engine._logits = lambda h: seen.append(logits(h)) or seen[-1]
         try:
-            (out,) = engine.execute([(seq, len(ids))])
+            for n in chunks:
+                (out,) = engine.execute([(seq, n)])
+                seq.num_computed += n
         finally:
             del engine._logits
         engine.release(seq)
         return seen[-1][-1].float(), out.token_id
 
+    min_rows = pa.MIN_ROWS
     blocked, tok_blocked = prefill_logits()
     assert len(calls) == len(engine.layers)                  # every layer took the blocks
     monkeypatch.setattr(pa, "MIN_ROWS", 10 ** 9)
@@ -120,24 +124,12 @@ def test_a_long_bf16_prompt_prefills_as_with_sdpa(monkeypatch):
     assert err < 0.05 * float(sdpa.max() - sdpa.min()), err
     if float(top2[0] - top2[1]) > 2 * err:
         assert tok_blocked == tok_sdpa
-    monkeypatch.setattr(pa, "MIN_ROWS", 256)
+    monkeypatch.setattr(pa, "MIN_ROWS", min_rows)
 
     # the same prompt in two chunks (a chunked prefill, or a prefix-cache hit): the second
     # continues the first's KV through the blocks, and ends where one chunk ends
     calls.clear()
-    seen = []
-    seq = Sequence("c", ids, sampling=SamplingParams(temperature=0.0, max_new_tokens=1))
-    seq.block_table = list(range(-(-len(ids) // 16)))
-    logits = engine._logits
-    engine._logits = lambda h: seen.append(logits(h)) or seen[-1]
-    try:
-        engine.execute([(seq, 100)])
-        seq.num_computed = 100
-        (out,) = engine.execute([(seq, len(ids) - 100)])
-    finally:
-        del engine._logits
-    engine.release(seq)
+    chunked, _ = prefill_logits((100, len(ids) - 100))
     assert len(calls) == len(engine.layers)                  # the second chunk's layers (the first is short)
-    chunked = seen[-1][-1].float()
     err = float((chunked - blocked).abs().max())
     assert err < 0.05 * float(blocked.max() - blocked.min()), err

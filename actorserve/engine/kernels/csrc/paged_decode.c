@@ -187,6 +187,23 @@ static inline void softmax_row(float *restrict sr, int L, float softcap) {
     for (int p = 0; p < L; p++) sr[p] *= inv;
 }
 
+/* at[t]: where the rows of token p0 + t (t < tn) start in the cache, in elements. */
+static inline void token_rows(const int32_t *tab, int p0, int tn, int bs, size_t row_stride, size_t at[16]) {
+    for (int t = 0, j = p0 / bs, o = p0 % bs; t < tn; t++) {
+        at[t] = ((size_t)tab[j] * bs + o) * row_stride;
+        if (++o == bs) { o = 0; j++; }
+    }
+}
+
+/* The tile: the tn tokens' rows of one head (from `head` elements into each token's rows),
+ * C vectors a row, widened to float32. */
+static inline __attribute__((always_inline)) void widen_tile(const void *base, const size_t at[16], int tn,
+                                                             size_t head, const int C, const int bf16,
+                                                             float *restrict tile) {
+    for (int t = 0; t < tn; t++)
+        for (int c = 0; c < C; c++) ((vf *)tile)[t * C + c] = widen(base, at[t] + head + 16 * c, bf16);
+}
+
 static inline __attribute__((always_inline)) void unit_vec(
         const float *restrict qi, const void *K, const void *V, const int bf16, const int32_t *tab,
         int L, int nkv, int h0, int h1, int g, const int d, int bs, float scale, float softcap,
@@ -198,13 +215,9 @@ static inline __attribute__((always_inline)) void unit_vec(
     for (int p0 = 0; p0 < L; p0 += 16) {
         const int tn = L - p0 < 16 ? L - p0 : 16;
         size_t at[16];
-        for (int t = 0, j = p0 / bs, o = p0 % bs; t < tn; t++) {
-            at[t] = ((size_t)tab[j] * bs + o) * row_stride;
-            if (++o == bs) { o = 0; j++; }
-        }
+        token_rows(tab, p0, tn, bs, row_stride, at);
         for (int h = h0; h < h1; h++) {
-            for (int t = 0; t < tn; t++)                 /* the 16 tokens' K rows of head h, widened */
-                for (int c = 0; c < C; c++) ((vf *)tile)[t * C + c] = widen(K, at[t] + (size_t)h * d + 16 * c, bf16);
+            widen_tile(K, at, tn, (size_t)h * d, C, bf16, tile);   /* the 16 tokens' K rows of head h */
             for (int r = 0; r < g; r++) {
                 const vfu *qr = (const vfu *)(qi + ((size_t)h * g + r) * d);
                 vf acc[16];
@@ -228,13 +241,9 @@ static inline __attribute__((always_inline)) void unit_vec(
     for (int p0 = 0; p0 < L; p0 += 16) {
         const int tn = L - p0 < 16 ? L - p0 : 16;
         size_t at[16];
-        for (int t = 0, j = p0 / bs, o = p0 % bs; t < tn; t++) {
-            at[t] = ((size_t)tab[j] * bs + o) * row_stride;
-            if (++o == bs) { o = 0; j++; }
-        }
+        token_rows(tab, p0, tn, bs, row_stride, at);
         for (int h = h0; h < h1; h++) {
-            for (int t = 0; t < tn; t++)
-                for (int c = 0; c < C; c++) ((vf *)tile)[t * C + c] = widen(V, at[t] + (size_t)h * d + 16 * c, bf16);
+            widen_tile(V, at, tn, (size_t)h * d, C, bf16, tile);
             for (int r = 0; r < g; r++) {
                 const float *w = s + ((size_t)(h - h0) * g + r) * stride + p0;
                 vfu *orow = (vfu *)(oi + ((size_t)h * g + r) * d);
