@@ -78,6 +78,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import re
 import subprocess
 import tempfile
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                         "per second at the same 2x, so a heavier load)")
     p.add_argument("--switch-interval", default=None,
                    help="the server's --switch-interval (seconds; default: Python's 0.005)")
+    p.add_argument("--server-args", default="",
+                   help="more arguments for the server, one string (e.g. \"--threads 1\")")
     p.add_argument("--record", default=None,
                    help="keep the server's flight recording (JSONL) at this path, for "
                         "benchmarks/priority_tail.py (default: a temporary file)")
@@ -241,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                         "--kv-blocks", str(blocks), "--max-num-seqs", str(args.max_num_seqs),
                         "--scheduling-policy", "priority", "--debug-routes", "--record", record,
                         *(["--switch-interval", args.switch_interval] if args.switch_interval else []),
+                        *shlex.split(args.server_args),
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         asyncio.run(wait_up(url, proc))

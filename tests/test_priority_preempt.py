@@ -214,6 +214,59 @@ def test_the_runner_gives_up_at_a_layer_boundary_and_the_rerun_is_exact():
     assert run(True) == run(False)
 
 
+def test_a_fused_q4_decode_step_gives_up_at_its_own_layer_boundary_and_the_rerun_is_exact():
+    """q4's fused decode step runs every layer in one C call (`fused_step`) and reads the
+    runner's flag at each layer boundary: the ask lands while layer 0's attention runs, the
+    call returns at layer 1 (without the C check it would run on and be given up only after
+    its last layer), no member advances, and the tokens are those of a run never interrupted."""
+    import ctypes
+
+    import pytest
+    import torch
+    import transformers as tr
+
+    from actorserve.engine.kernels import quant
+    from test_model_families import COMMON, PROMPTS, make
+
+    torch.manual_seed(0)
+    model = tr.LlamaForCausalLM(tr.LlamaConfig(**{**COMMON, "num_attention_heads": 2,
+                                                  "num_key_value_heads": 1}, head_dim=32)).eval()
+    model.actorserve_quant = quant.quantize_model(model, "q4")
+    p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    attention_t = ctypes.CFUNCTYPE(i, p, p, p, i, p, i, p, i, i, i, i, i, f, f, p, i)   # decode_step.c's
+
+    def run(interrupt: bool) -> list[list[int]]:
+        d, _ = make(model)
+        eng = d.engine
+        assert eng.fused is not None and len(model.model.layers) == 2
+        seqs = [d.new(f"r{i}", p) for i, p in enumerate(PROMPTS)]
+        d.step([(s, s.num_uncomputed) for s in seqs])
+        if interrupt:
+            real = attention_t(eng.fused._attention)
+            calls = []
+
+            def attention_then_ask(*args):
+                calls.append(1)
+                eng.preempt.set()             # the scheduler's ask lands mid-step
+                return real(*args)
+            hook = attention_t(attention_then_ask)
+            eng.fused._attention = ctypes.cast(hook, p).value
+            before = [(s.num_computed, len(s.output_ids)) for s in seqs]
+            for s in seqs:
+                assert d.bm.allocate(s, 1)
+            with pytest.raises(StepPreempted, match="at layer 1"):
+                eng.execute([(s, 1) for s in seqs])
+            assert calls == [1]               # layer 1's attention never ran
+            assert [(s.num_computed, len(s.output_ids)) for s in seqs] == before
+            eng.fused._attention = ctypes.cast(real, p).value
+            eng.preempt.clear()
+        for _ in range(5):
+            d.step([(s, 1) for s in seqs])
+        return [s.output_ids for s in seqs]
+
+    assert run(True) == run(False)
+
+
 def test_switch_interval_sets_the_interpreters_and_refuses_a_non_positive_one():
     import sys
 

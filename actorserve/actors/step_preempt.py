@@ -24,7 +24,8 @@ class StepPreemption:
     __slots__ = ("flag", "computing")
 
     def __init__(self, engine: Any) -> None:
-        self.flag: threading.Event = getattr(engine, "preempt", None) or threading.Event()
+        # the engine's `PreemptFlag` (an Event's set/clear/is_set), or an Event of its own
+        self.flag: Any = getattr(engine, "preempt", None) or threading.Event()
         self.computing = False       # the engine holds a step (from its start to its answer)
 
     def started(self) -> None:

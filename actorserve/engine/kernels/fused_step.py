@@ -13,7 +13,9 @@ operations `PagedLlamaRunner._forward_glued` makes one by one, in the same order
 the same arithmetic (SiLU's exponential is C's ``expf`` rather than torch's vectorised one: a
 float32 rounding apart). Anything else (a prefill chunk, speculation's verify rows, another
 family) takes the glued or the plain path. A step with LoRA adapter members runs fused too:
-each product is followed by its adapters' deltas (`lora_kernel`).
+each product is followed by its adapters' deltas (`lora_kernel`). The scheduler's ask to give
+the step up (the runner's `PreemptFlag`) is read at each layer boundary, as the Python paths
+read it: set, the call returns early and the step raises `StepPreempted`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from . import quant
 from ..runners.paged_attention import StepPlan
+from ..scheduling.base import StepPreempted
 
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
@@ -44,7 +47,7 @@ class _Step(ctypes.Structure):
                                         "block_size", "nb", "nthreads")] + [("scale", _f)] + \
                [(name, _p) for name in ("h", "x", "qkv", "qf", "of", "attn", "o", "gu", "act", "cos",
                                         "sin", "slots", "table", "ctx", "attention", "lora",
-                                        "attention_part")]
+                                        "attention_part", "stop")]
 
 
 def _qmat(w: Any) -> _QMat:
@@ -137,7 +140,11 @@ class FusedStep:
                      table.shape[1], r.threads, r.scale, h.data_ptr(),
                      *(bufs[n].data_ptr() for n in ("x", "qkv", "qf", "of", "attn", "o", "gu", "act")),
                      cos.data_ptr(), sin.data_ptr(), plan.slots.data_ptr(), table.data_ptr(), ctx.data_ptr(),
-                     self._attention, None if lora is None else lora.args.ptr, self._attention_part)
-        if self._fn(self._layers, len(self._layers), ctypes.byref(step)) != 0:
+                     self._attention, None if lora is None else lora.args.ptr, self._attention_part,
+                     getattr(r.preempt, "address", None))
+        rc = self._fn(self._layers, len(self._layers), ctypes.byref(step))
+        if rc > 0:          # the scheduler's ask, read at a layer boundary (`PreemptFlag`)
+            raise StepPreempted(f"at layer {rc - 1}")
+        if rc != 0:
             raise RuntimeError("decode_layers: a quantized product or the attention kernel failed")
         return True

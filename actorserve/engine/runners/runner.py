@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,7 +38,7 @@ import torch.nn.functional as F
 
 from ..kernels import glue as glue_mod
 from ..sampling import prompt_logprobs as prompt_lp
-from ..scheduling.base import SeqOutput, StepPreempted, engine_info
+from ..scheduling.base import PreemptFlag, SeqOutput, StepPreempted, engine_info
 from .block_tables import BlockTables
 from ..kernels.decode_kernel import PARALLEL_MIN_ELEMENTS as ATTENTION_PARALLEL_MIN
 from ..kernels.decode_kernel import load as load_decode_kernel
@@ -121,7 +120,7 @@ class PagedLlamaRunner(_SamplingRunner):
         # LoRA adapters in slots (`lora`): a step with any adapter member adds their deltas
         self.lora = LoraSlots(self.layers, max_loaded=max_loaded_loras, max_rank=max_lora_rank)
         # set by the scheduler: give the step up at the next layer boundary (`StepPreempted`)
-        self.preempt = threading.Event()
+        self.preempt = PreemptFlag()
 
     def release(self, seq: Sequence) -> None:
         """Give back the sequence's row of the int32 block tables."""
@@ -200,7 +199,7 @@ class PagedLlamaRunner(_SamplingRunner):
     def _check_preempt(self, li: int) -> None:
         """A layer boundary (or, at ``len(layers)``, the end of the forward, before anything
         is sampled): give the step up if the scheduler asked (`engine.scheduling.base`). A fused decode
-        step (all layers in one C call) is asked only after its layers."""
+        step (all layers in one C call) reads the same flag at its own layer boundaries."""
         if self.preempt.is_set():
             raise StepPreempted(f"at layer {li}")
 

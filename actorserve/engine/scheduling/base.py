@@ -10,7 +10,8 @@ For a member whose step reaches the end of its known tokens the engine returns a
 pooling sequence. A prefill chunk that stops short of the end returns an output with
 neither (``token_id is None and pooled is None``).
 
-An engine may carry ``preempt`` (a `threading.Event`): the scheduler sets it when a request
+An engine may carry ``preempt`` (a `PreemptFlag`, or any object with a `threading.Event`'s
+``set``/``clear``/``is_set``): the scheduler sets it when a request
 that outranks the step in flight arrives (`actors.step_preempt`), and the engine checks it between
 layers; set, it gives the step up by raising `StepPreempted` -- no member advances (the KV it
 wrote past ``num_computed`` is written again by the step that recomputes those tokens). The
@@ -19,6 +20,7 @@ scheduler clears it before each step.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -28,6 +30,31 @@ from .sequence import Sequence
 
 class StepPreempted(Exception):
     """The step was given up at a layer boundary because ``engine.preempt`` was set."""
+
+
+class PreemptFlag:
+    """The scheduler's ask to give the step in flight up, as one C int: `set`, `clear` and
+    `is_set` as a `threading.Event`'s (nothing waits on it), and `address`, where a step that
+    runs its layers in C (`engine.kernels.fused_step`) reads it at each layer boundary. The
+    scheduler writes it on the event loop's thread while the step thread reads it."""
+
+    __slots__ = ("_cell",)
+
+    def __init__(self) -> None:
+        self._cell = ctypes.c_int32(0)
+
+    def set(self) -> None:
+        self._cell.value = 1
+
+    def clear(self) -> None:
+        self._cell.value = 0
+
+    def is_set(self) -> bool:
+        return self._cell.value != 0
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self._cell)
 
 
 @dataclass(slots=True)

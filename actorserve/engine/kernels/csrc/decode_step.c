@@ -57,6 +57,7 @@ typedef struct {
     attention_fn attention;
     const lora_t *lora;               /* the step's adapters, or NULL */
     attention_part_fn attention_part; /* the same attention in parts (for the step pool), or NULL */
+    const int32_t *stop;              /* the scheduler's ask to give the step up, or NULL */
 } step_t;
 
 /* Attention shared out over the step pool (`spread`, as the products are): its threads are
@@ -97,7 +98,8 @@ static inline void store_el(void *p, size_t i, float v, int bf16) {
     else ((float *)p)[i] = v;
 }
 
-/* Run all `n` layers for the step `S`; 0, or the first failing product's -1. */
+/* Run all `n` layers for the step `S`: 0; the first failing product's -1; or, when `S->stop`
+ * reads non-zero at the start of layer li (the scheduler gave the step up), 1 + li. */
 int decode_layers(const layer_t *L, int n, const step_t *S) {
     const int T = S->T, D = S->D, nh = S->nh, nkv = S->nkv, hd = S->hd, I = S->inter, bf16 = S->bf16;
     const int nq = nh * hd, nk = nkv * hd, nqkv = nq + 2 * nk, es = bf16 ? 2 : 4;
@@ -112,6 +114,7 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
     const int split = T < 4 * (pool.workers + 1) ? nkv : 1;
     add_rmsnorm(S->h, NULL, 0, L[0].in_norm, L[0].in_eps, S->x, D, T, D, bf16);
     for (int li = 0; li < n; li++) {
+        if (S->stop && __atomic_load_n(S->stop, __ATOMIC_RELAXED)) return 1 + li;
         const layer_t *l = &L[li];
         if (product(&l->qkv, S->x, T, S->qkv, bf16)) return -1;
         const lora_out_t qkv[3] = {{0, nq, nqkv, S->qkv}, {1, nk, nqkv, (char *)S->qkv + (size_t)nq * es},
