@@ -243,3 +243,34 @@ def test_a_paused_step_pool_still_computes_and_resumes():
             inside = ql(x)
         after = ql(x)
     assert torch.equal(inside, want) and torch.equal(after, want)
+
+
+def test_a_narrow_step_wider_than_the_q8_heads_kernel_runs_the_head_dense_on_every_thread():
+    """A bf16 q4 model's LM head is q8, whose kernel takes at most `Q8_BF16_ROWS` rows. A
+    narrow step (the step pool spinning, torch on one thread) of more rows multiplies through
+    the dense head on all the runner's threads, the pool asleep; a step the kernel takes keeps
+    it there, on the pool."""
+    import transformers as tr
+    from test_model_families import COMMON, PROMPTS, make
+
+    torch.manual_seed(0)
+    model = tr.LlamaForCausalLM(tr.LlamaConfig(**{**COMMON, "num_attention_heads": 2,
+                                                  "num_key_value_heads": 1}, head_dim=32)).eval()
+    model = model.to(torch.bfloat16)
+    model.actorserve_quant = quant.quantize_model(model, "q4")
+    d, _ = make(model)
+    eng = d.engine
+    if eng.step_pool is None:
+        pytest.skip("torch on one thread: no step pool")
+    head_rows = model.lm_head.forward.w.max_rows
+    assert head_rows == min(quant.Q8_BF16_ROWS, eng.kernel_rows) and model.lm_head.forward.kind == "q8"
+    seen = []
+    model.lm_head.register_forward_pre_hook(lambda m, a: seen.append((a[0].shape[0], torch.get_num_threads())))
+    prompts = (PROMPTS * 3)[:head_rows + 2]
+    seqs = [d.new(f"r{i}", p) for i, p in enumerate(prompts)]
+    d.step([(s, s.num_uncomputed) for s in seqs])
+    for n in (2, head_rows + 2, 2):
+        seen.clear()
+        d.step([(s, 1) for s in seqs[:n]])
+        assert seen == [(n, eng.threads if n > head_rows else 1)], (n, seen)
+    assert torch.get_num_threads() == eng.threads

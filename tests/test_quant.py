@@ -266,13 +266,30 @@ def test_a_bf16_load_and_reload_size_the_kernels_for_bf16():
     model, _, path = load_model("default", threads=2, dtype=torch.bfloat16, quantization="auto")
     want = quant.kernel_rows(torch.bfloat16, quant._Lib().bf16_path(-1) == 1)
     assert want == (quant.DOT_ROWS if "avx512_bf16" in cpu_bf16_flags() else quant.MAX_ROWS)
+    # the LM head (the GGUF's tied q8 embedding) has no dot path: at most Q8_BF16_ROWS rows
+    head = min(want, quant.Q8_BF16_ROWS)
+    assert model.lm_head.forward.kind == "q8"
     assert model.actorserve_quant.kernel_rows == want
-    assert model.lm_head.forward.w.max_rows == model.model.layers[0].mlp.down_proj.forward.w.max_rows == want
+    assert model.model.layers[0].mlp.down_proj.forward.w.max_rows == want
+    assert model.lm_head.forward.w.max_rows == head
     engine = build_engine(model, num_blocks=64, block_size=16)
     assert engine.kernel_rows == want
     assert load_from_disk(engine, str(path)) > 0     # a reload quantizes from float32 again
     assert model.actorserve_quant.kernel_rows == want
-    assert model.lm_head.forward.w.max_rows == want
+    assert model.lm_head.forward.w.max_rows == head
+    assert model.model.layers[-1].self_attn.o_proj.forward.w.max_rows == want
+
+
+def test_a_q8_weight_with_bf16_activations_is_narrower_than_q4s(monkeypatch):
+    """q8 products have no bf16 dot path, so the packed dense weight takes them from
+    `Q8_BF16_ROWS` + 1 rows on; q4's width and float32's are `kernel_rows`."""
+    monkeypatch.delenv("ACTORSERVE_Q4_ROWS", raising=False)
+    assert quant.weight_rows(8, torch.bfloat16, True) == quant.Q8_BF16_ROWS < quant.DOT_ROWS
+    for dot in (True, False):
+        assert quant.weight_rows(4, torch.bfloat16, dot) == quant.kernel_rows(torch.bfloat16, dot)
+        assert quant.weight_rows(8, torch.bfloat16, dot) == min(quant.Q8_BF16_ROWS,
+                                                                quant.kernel_rows(torch.bfloat16, dot))
+        assert quant.weight_rows(8, torch.float32, dot) == quant.kernel_rows(torch.float32, dot)
 
 
 @pytest.mark.model

@@ -56,7 +56,7 @@ import torch
 from . import cbuild
 from ..runners import dense
 # csrc/qgemv.c's MAXM, and how wide a step the kernels take
-from .widths import DOT_ROWS, KERNEL_ROWS, MAX_ROWS, _kernel_rows, kernel_rows  # noqa: F401
+from .widths import DOT_ROWS, KERNEL_ROWS, MAX_ROWS, Q8_BF16_ROWS, _kernel_rows, kernel_rows, weight_rows  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -399,13 +399,14 @@ def quantize_model(model: Any, mode: str | None, dtype: torch.dtype | None = Non
     if mode != "q4a8":
         if dtype is None:
             dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-        rows = kernel_rows(dtype, lib.bf16_path(-1) == 1)
+        dot = lib.bf16_path(-1) == 1
+        rows = kernel_rows(dtype, dot)
         for mod in model.modules():
             ql = getattr(mod, "forward", None) if isinstance(mod, torch.nn.Linear) else None
             for w in [ql.w] if isinstance(ql, QuantLinear) else \
                     [g.w for g in (getattr(mod, QKV_GROUP, None), getattr(mod, GATE_UP_GROUP, None)) if g is not None]:
                 if w.sb is None:
-                    w.max_rows = rows
+                    w.max_rows = weight_rows(w.bits, dtype, dot)
     report = QuantReport(mode, layers, skipped, qbytes, dbytes, err, asked, rows)
     log.info("quantization %s", report.describe())
     return report

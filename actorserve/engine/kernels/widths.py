@@ -43,3 +43,27 @@ def _kernel_rows() -> int:
 
 
 KERNEL_ROWS = _kernel_rows()
+
+# q8 weights (a q4 GGUF's tied embedding: SmolLM2's LM head) with bf16 activations: the dot
+# path is q4's only, so their products take the float loops, and from 6 rows on the packed dense
+# weight wins. SmolLM2's LM head (49152 x 576) on the 2-core AMD EPYC, ms, median of 30, q8
+# kernel vs dense: 1 row 1.27 vs 2.83, 2 rows 1.67 vs 2.91, 4 rows 2.64 vs 3.28, 6 rows 3.97 vs
+# 2.59, 8 rows 3.68 vs 2.48, 16 rows 10.58 vs 3.77.
+Q8_BF16_ROWS = 4
+
+
+def weight_rows(bits: int, dtype: torch.dtype | None, dot_path: bool) -> int:
+    """The widest step one quantized weight of `bits` (4 or 8) takes through the kernels:
+    `kernel_rows`, but at most `Q8_BF16_ROWS` for a q8 weight with bf16 activations.
+    ``ACTORSERVE_Q4_ROWS`` sets every weight's width."""
+    rows = kernel_rows(dtype, dot_path)
+    if bits == 8 and dtype is torch.bfloat16 and not os.environ.get("ACTORSERVE_Q4_ROWS"):
+        return min(rows, Q8_BF16_ROWS)
+    return rows
+
+
+def kernel_takes(module: object, rows: int) -> bool:
+    """Whether `rows` rows through `module` (a linear) take a quantized kernel (its forward a
+    `quant.QuantLinear`, whose weight takes at most ``max_rows``), not a dense weight."""
+    w = getattr(getattr(module, "forward", None), "w", None)
+    return isinstance(getattr(w, "max_rows", None), int) and rows <= w.max_rows

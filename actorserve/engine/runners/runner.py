@@ -51,6 +51,7 @@ from .lora_step import LayerHook, LoraStep
 from .lora_step import down as lora_down
 from .lora_step import mlp as lora_mlp
 from ..kernels.quant import GATE_UP_GROUP, MAX_ROWS, step_pool
+from ..kernels.widths import kernel_takes
 from ..kernels.quant import _Lib as quant_lib
 from .sampling_runner import Sampler, _SamplingRunner
 from ..scheduling.sequence import Sequence
@@ -121,6 +122,7 @@ class PagedLlamaRunner(_SamplingRunner):
         self.lora = LoraSlots(self.layers, max_loaded=max_loaded_loras, max_rank=max_lora_rank)
         # set by the scheduler: give the step up at the next layer boundary (`StepPreempted`)
         self.preempt = PreemptFlag()
+        self._pooled = False        # in a narrow quantized step: the pool spins, torch has one thread
 
     def release(self, seq: Sequence) -> None:
         """Give back the sequence's row of the int32 block tables."""
@@ -138,8 +140,16 @@ class PagedLlamaRunner(_SamplingRunner):
         return self._rope_cos[positions][:, None, :], self._rope_sin[positions][:, None, :]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head, soft-capped as HF caps it (Gemma2's ``final_logit_softcapping``)."""
-        logits = self.lm_head(hidden)
+        """The LM head, soft-capped as HF caps it (Gemma2's ``final_logit_softcapping``). In a
+        narrow quantized step whose rows the head's kernel does not take (a q8 head past
+        `widths.Q8_BF16_ROWS`), the dense product runs on all the runner's threads with the
+        step pool asleep: SmolLM2's head at 16 rows took 6.0-6.3 ms on one thread and 3.4-3.5
+        on two (the 2-core AMD EPYC; 10-12 ms through the q8 kernel)."""
+        if self._pooled and not kernel_takes(self.lm_head, hidden.shape[0]):
+            with self.step_pool.paused(), _torch_threads(self.threads):
+                logits = self.lm_head(hidden)
+        else:
+            logits = self.lm_head(hidden)
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
@@ -243,7 +253,11 @@ class PagedLlamaRunner(_SamplingRunner):
         lora = self.lora.step(batch, plan)     # None: every member runs on the base model
         if self.step_pool is not None and plan.num_tokens <= self.kernel_rows:
             with self.step_pool, _torch_threads(1):
-                return self._run(plan, batch, outputs, lora)
+                self._pooled = True
+                try:
+                    return self._run(plan, batch, outputs, lora)
+                finally:
+                    self._pooled = False
         return self._run(plan, batch, outputs, lora)
 
     def _run(self, plan: StepPlan, batch: list[tuple[Sequence, int]], outputs: list[SeqOutput],
