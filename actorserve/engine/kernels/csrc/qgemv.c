@@ -358,18 +358,7 @@ static void spread(job_t *job, int pool_ok, int nthreads) {
         if (!pooled) atomic_flag_clear_explicit(&pool.busy, memory_order_release);
     }
     if (pooled) {
-        const int parts = pool.workers + 1;
-        pool.job = *job;
-        atomic_store_explicit(&pool.remaining, pool.workers, memory_order_relaxed);
-        atomic_fetch_add_explicit(&pool.posted, 1, memory_order_release);
-        job->n1 = units / parts;                                /* the caller's share: the first */
-        run_rows(job);
-        /* the worker's share: spin for it, yielding now and then (a worker that lost its core
-         * to another thread would otherwise have this one spin for a whole time slice) */
-        for (unsigned spins = 1; atomic_load_explicit(&pool.remaining, memory_order_acquire) > 0; spins++) {
-            cpu_relax();
-            if ((spins & 1023) == 0) sched_yield();
-        }
+        pool_product(job);
         atomic_flag_clear_explicit(&pool.busy, memory_order_release);
     } else if (nthreads > 1) {
         const int chunk = (units + nthreads - 1) / nthreads;

@@ -12,20 +12,30 @@
  * steps the workers sleep on a condition variable, so the cores are free for the server's
  * event loop; while spinning they yield now and then to any other thread that wants the core.
  * Each output row is computed by exactly one thread with the same code, so the result is the
- * same bits with or without the pool. One product at a time: a caller that finds the pool
+ * same bits with or without the pool, however the chunks fall. One product at a time: a caller that finds the pool
  * busy (another thread's product) runs its product without it. */
 #define POOL_MAX 16
+/* A product is cut into chunks of its units, taken one at a time by whichever thread is free
+ * (the caller too): a thread that loses its core to another process or to the event loop
+ * delays the product by the chunk it holds, not by a fixed share of it. The chunks of the
+ * product in hand, its ticket and the next chunk to take are one 64-bit word (`work`), so a
+ * worker that comes late to a product can never take a chunk of the next one. */
+#define POOL_CHUNKS 8               /* chunks a product per thread, at most */
+#define W_TICKET(w) ((unsigned)((w) >> 40))
+#define W_CHUNKS(w) ((int)(((w) >> 20) & 0xfffff))
+#define W_NEXT(w) ((int)((w) & 0xfffff))
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int workers;                    /* started, fixed at the first activation */
     atomic_int active;
     atomic_flag busy;
-    atomic_uint posted;             /* ticket of the last product posted */
-    atomic_int remaining;           /* workers still on it */
-    unsigned first;                 /* `posted` when the workers were started */
+    _Atomic unsigned long long work;   /* ticket (24 bits), chunks (20), next chunk (20) */
+    atomic_int done;                /* chunks of the product in hand finished */
+    unsigned ticket;                /* the last product's ticket (written by the poster only) */
+    unsigned first;                 /* the ticket when the workers were started */
     job_t job;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ATOMIC_FLAG_INIT, 0, 0, 0, {0}};
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ATOMIC_FLAG_INIT, 0, 0, 0, 0, {0}};
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -33,15 +43,42 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static void *pool_worker(void *arg) {
-    const int me = (int)(intptr_t)arg, parts = pool.workers + 1;
-    unsigned seen = pool.first;     /* not `posted` now: a product may be posted before we run */
+/* Take the next chunk of product `ticket`: its index and, in *chunks, how many it has; -1
+ * when none is left or the product is another. */
+static int pool_claim(unsigned ticket, int *chunks) {
+    unsigned long long w = atomic_load_explicit(&pool.work, memory_order_acquire);
     for (;;) {
-        unsigned spins = 0;
-        while (atomic_load_explicit(&pool.posted, memory_order_acquire) == seen) {
+        if (W_TICKET(w) != ticket || W_NEXT(w) >= W_CHUNKS(w)) return -1;
+        if (atomic_compare_exchange_weak_explicit(&pool.work, &w, w + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *chunks = W_CHUNKS(w);
+            return W_NEXT(w);
+        }
+    }
+}
+
+/* Run chunks of product `ticket` (units [job->n0, job->n1)) until none is left. */
+static void pool_run(const job_t *job, unsigned ticket) {
+    const int n0 = job->n0, span = job->n1 - job->n0;
+    int chunks = 1;
+    for (int c; (c = pool_claim(ticket, &chunks)) >= 0;) {
+        job_t part = *job;
+        part.n0 = n0 + (int)((long)span * c / chunks);
+        part.n1 = n0 + (int)((long)span * (c + 1) / chunks);
+        if (part.n0 < part.n1) run_rows(&part);
+        atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
+    }
+}
+
+static void *pool_worker(void *arg) {
+    (void)arg;
+    unsigned seen = pool.first;     /* not the ticket now: a product may be posted before we run */
+    for (;;) {
+        unsigned spins = 0, t;
+        while ((t = W_TICKET(atomic_load_explicit(&pool.work, memory_order_acquire))) == seen) {
             if (!atomic_load_explicit(&pool.active, memory_order_relaxed)) {
                 pthread_mutex_lock(&pool.mu);
-                while (!atomic_load(&pool.active) && atomic_load(&pool.posted) == seen)
+                while (!atomic_load(&pool.active) && W_TICKET(atomic_load(&pool.work)) == seen)
                     pthread_cond_wait(&pool.cv, &pool.mu);
                 pthread_mutex_unlock(&pool.mu);
                 continue;
@@ -49,15 +86,33 @@ static void *pool_worker(void *arg) {
             cpu_relax();
             if ((++spins & 1023) == 0) sched_yield();
         }
-        seen = atomic_load_explicit(&pool.posted, memory_order_acquire);
+        seen = t;
+        /* read after the ticket: while product t has a chunk to take, its job stays as posted
+         * (a copy made once it is over is never run: every claim on it fails) */
         job_t j = pool.job;
-        int n0 = j.n0, span = j.n1 - j.n0;
-        j.n0 = n0 + (int)((long)span * me / parts);
-        j.n1 = n0 + (int)((long)span * (me + 1) / parts);
-        run_rows(&j);
-        atomic_fetch_sub_explicit(&pool.remaining, 1, memory_order_release);
+        pool_run(&j, t);
     }
     return NULL;
+}
+
+/* Post `job` (units [0, job->n1)) to the workers, take chunks of it here too, and return when
+ * every chunk is done. The caller holds `busy`. */
+static void pool_product(job_t *job) {
+    const int units = job->n1, parts = pool.workers + 1;
+    int chunks = units < POOL_CHUNKS * parts ? units : POOL_CHUNKS * parts;
+    if (chunks < 1) chunks = 1;
+    pool.job = *job;
+    atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+    pool.ticket = (pool.ticket + 1) & 0xffffff;
+    atomic_store_explicit(&pool.work, ((unsigned long long)pool.ticket << 40) | ((unsigned long long)chunks << 20),
+                          memory_order_release);
+    pool_run(job, pool.ticket);
+    /* the chunks the workers hold: spin for them, yielding now and then (a worker that lost its
+     * core to another thread would otherwise have this one spin for a whole time slice) */
+    for (unsigned spins = 1; atomic_load_explicit(&pool.done, memory_order_acquire) < chunks; spins++) {
+        cpu_relax();
+        if ((spins & 1023) == 0) sched_yield();
+    }
 }
 
 static void pool_forget(void) {     /* in a forked child: the workers were not copied */
@@ -80,7 +135,7 @@ int qpool_active(int on, int workers) {
         if (workers > POOL_MAX) workers = POOL_MAX;
         int started = 0;
         pool.workers = workers;                 /* read by each worker as it starts */
-        pool.first = atomic_load(&pool.posted); /* steady: nothing is posted while inactive */
+        pool.first = pool.ticket;           /* steady: nothing is posted while inactive */
         for (int i = 0; i < workers; i++) {
             pthread_t t;
             pthread_attr_t attr;
