@@ -70,6 +70,23 @@ What is left, on this box: the high request's own narrow step runs 2-5x slower t
 other load take the CPU and the GIL), the asks that land too late, and the client's own lag
 (its p95 is 35-100 ms above the server's). A step of its own was tried before preemption and
 measured no better (p95 ratio 5.1 vs 3.6): the step in flight dominated then.
+
+2026-12-07, quiet box (load ~1), AMD EPYC. Tiny model, the defaults (40 high requests): client
+p95 ratio 1.198 / 1.623 / 1.126 (server 1.274 / 1.523 / 1.196); with ``--high 100
+--high-interval 0.15`` (a p95 of 100 samples, not of 40) 1.35 / 1.36 / 1.34 / 1.42 / 1.33.
+``--server-args "--threads 1"`` halves the tiny model's TTFT (server p95 unloaded 5.7 vs
+9.7-10.7 ms, loaded 9.6-9.9 vs 15-16) but not the ratio (client 1.21 / 1.40). With ``--model
+default`` (SmolLM2 q4, ``--high 60 --high-interval 0.25``) the step in flight at an arrival is
+often a fused q4 decode step (every layer in one C call), which was asked only after its last
+layer: its residual's p95 was 23-31 ms. Since the fused step reads the flag at each layer
+boundary (`PreemptFlag`), 10-13 ms, and the client p95 ratio went 1.59 / 1.68 -> 1.43 / 1.27
+(A/B alternated). What is left there: (1) a mixed step (a prompt's chunk beside 15 decodes,
+the plain path) is given up at the next layer boundary, but under load its layers take 5-10x
+their time alone (the event loop, busy with the arrival and the low class's SSE, and the step
+thread take turns on the GIL at each of a layer's ~20 torch calls); (2) the high request's own
+13-token prefill runs ~25% slower than unloaded (p50 38-42 vs 29-35 ms): the low class's
+streaming and the client share the 2 cores with the step's two threads (answered whole,
+``--low-whole``, +10%). The 1.2 goal is not met on this box for the default model either.
 """
 
 from __future__ import annotations
