@@ -251,17 +251,27 @@ def test_a_narrow_step_wider_than_the_q8_heads_kernel_runs_the_head_dense_on_eve
     the dense head on all the runner's threads, the pool asleep; a step the kernel takes keeps
     it there, on the pool."""
     import transformers as tr
-    from test_model_families import COMMON, PROMPTS, make
+    from test_model_families import COMMON
 
     torch.manual_seed(0)
     model = tr.LlamaForCausalLM(tr.LlamaConfig(**{**COMMON, "num_attention_heads": 2,
                                                   "num_key_value_heads": 1}, head_dim=32)).eval()
     model = model.to(torch.bfloat16)
     model.actorserve_quant = quant.quantize_model(model, "q4")
+    keep = torch.get_num_threads()
+    torch.set_num_threads(2)               # a step pool (an earlier test may have left one thread)
+    try:
+        _narrow_head_steps(model)
+    finally:
+        torch.set_num_threads(keep)
+
+
+def _narrow_head_steps(model) -> None:
+    from test_model_families import PROMPTS, make
+
     d, _ = make(model)
     eng = d.engine
-    if eng.step_pool is None:
-        pytest.skip("torch on one thread: no step pool")
+    assert eng.step_pool is not None and eng.threads == 2
     head_rows = model.lm_head.forward.w.max_rows
     assert head_rows == min(quant.Q8_BF16_ROWS, eng.kernel_rows) and model.lm_head.forward.kind == "q8"
     seen = []
