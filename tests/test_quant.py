@@ -107,6 +107,7 @@ def test_auto_quantizes_only_the_linears_whose_blocks_are_exact():
     assert chosen[f"decode <= {quant.MAX_ROWS} rows"].startswith("q4/q8 C kernels")
     dots = "avx512_bf16 dot products" in chosen[f"decode <= {quant.MAX_ROWS} rows"]
     assert dots == ("avx512_bf16" in cpu_bf16_flags())          # the path the kernels take here
+    assert (f"up to {quant.Q8_BF16_ROWS} rows" in chosen[f"decode <= {quant.MAX_ROWS} rows"]) == dots
     assert "dense bfloat16" in chosen["prefill"]
     lossy_only = torch.nn.Module()
     lossy_only.lin = _exact_and_lossy().lossy

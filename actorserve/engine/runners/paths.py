@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..weights.dtype import cpu_bf16_flags
-from ..kernels.quant import MAX_ROWS, QuantReport, _act8_simd
+from ..kernels.quant import MAX_ROWS, Q8_BF16_ROWS, QuantReport, _act8_simd
 
 __all__ = ["phase_paths"]
 
@@ -26,7 +26,8 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
     if report.mode == "q4a8":
         act = "8-bit activations, avx512_vnni"
     elif dtype is torch.bfloat16 and "avx512_bf16" in cpu_bf16_flags():
-        act = "bf16 activations: q4 through avx512_bf16 dot products, q8 in float32"
+        act = ("bf16 activations: q4 through avx512_bf16 dot products; the q8 LM head in float32 up "
+               f"to {Q8_BF16_ROWS} rows, dense from {Q8_BF16_ROWS + 1} (widths.Q8_BF16_ROWS)")
     else:
         act = "float activations"
     why = ("auto: the weights re-quantize exactly (they came from GGUF Q4_1/Q8_0 blocks), so the "
