@@ -37,16 +37,18 @@ kept offset by 128 (uint8), as the instruction wants. Faster, and not exact: the
 rounding is the model's only change (greedy tokens drift sooner than with q4; the perplexity
 figures are in docs/engine.md).
 
-Threads. `StepPool` (`step_pool.py`): during a decode step the kernels' worker threads spin between products.
+Threads. `StepPool`: during a decode step the kernels' worker threads spin between products.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import os
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -55,7 +57,6 @@ from . import cbuild
 from ..runners import dense
 # csrc/qgemv.c's MAXM, and how wide a step the kernels take
 from .widths import DOT_ROWS, KERNEL_ROWS, MAX_ROWS, Q8_BF16_ROWS, _kernel_rows, kernel_rows, weight_rows  # noqa: F401
-from .step_pool import StepPool, step_pool  # noqa: F401  (the kernels' step pool)
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,42 @@ class _Lib:
         self.qpool_active = lib.qpool_active
         self.qpool_active.argtypes = [i, i]
         self.qpool_active.restype = ctypes.c_int
+
+
+class StepPool:
+    """The kernels' step pool (``csrc/step_pool.c``): ``with pool:`` around a decode step of at
+    most `MAX_ROWS` rows, and every quantized product of the step is split over `workers`
+    threads besides the caller, which spin between the step's products instead of sleeping
+    (so small products are worth splitting too) and sleep again when the step ends. The
+    results are the same bits as without it."""
+
+    def __init__(self, workers: int) -> None:
+        self.lib = _Lib()
+        self.workers = max(0, int(workers))
+
+    def __enter__(self) -> StepPool:
+        self.lib.qpool_active(1, self.workers)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lib.qpool_active(0, 0)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside an active step: the workers sleep (for a parallel region of OpenMP's, whose
+        thread needs the core a spinning worker holds), then spin again."""
+        self.lib.qpool_active(0, 0)
+        try:
+            yield
+        finally:
+            self.lib.qpool_active(1, self.workers)
+
+
+def step_pool(model: Any) -> StepPool | None:
+    """A step pool for a quantized `model` on more than one thread, else None."""
+    if getattr(model, "actorserve_quant", None) is None or torch.get_num_threads() < 2:
+        return None
+    return StepPool(torch.get_num_threads() - 1)
 
 
 def repack_n16(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

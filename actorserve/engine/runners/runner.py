@@ -50,8 +50,7 @@ from ..weights.lora import LoraSlots
 from .lora_step import LayerHook, LoraStep
 from .lora_step import down as lora_down
 from .lora_step import mlp as lora_mlp
-from ..kernels.quant import GATE_UP_GROUP, MAX_ROWS
-from ..kernels.step_pool import step_pool
+from ..kernels.quant import GATE_UP_GROUP, MAX_ROWS, step_pool
 from ..kernels.widths import kernel_takes
 from ..kernels.quant import _Lib as quant_lib
 from .sampling_runner import Sampler, _SamplingRunner
