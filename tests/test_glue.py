@@ -97,6 +97,7 @@ def test_a_q4_engine_decodes_the_same_with_and_without_the_glue(arch):
     for use in (True, False):
         d, rec = make(model)
         assert (d.engine.glue is not None) == (arch != "gemma")
+        d.engine.fused = None                         # the glued path itself (fused: the next test)
         if not use:
             d.engine.glue = None
         calls = []
@@ -117,9 +118,11 @@ def test_a_q4_engine_decodes_the_same_with_and_without_the_glue(arch):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["q4", "q4a8"])
 def test_the_fused_step_decodes_as_the_glued_one(arch, dtype, mode):
-    """`fused_step`: every layer of a decode step in one C call, for the Llama-shaped
+    """`fused_step`: every layer of a narrow step in one C call, for the Llama-shaped
     families (Llama, Qwen2 with its q/k/v biases); Qwen3 (per-head norms) and Phi-3 (one
-    q/k/v weight) keep the glued path. Both quantized modes (q4a8: 8-bit activations)."""
+    q/k/v weight) keep the glued path. Both quantized modes (q4a8: 8-bit activations). Steps
+    with prompt chunks (alone and beside decode rows) are fused too: each chunk row attends
+    as a decode row of its own length."""
     import transformers as tr
     from test_model_families import COMMON, PROMPTS, _build, make
 
@@ -139,14 +142,13 @@ def test_the_fused_step_decodes_as_the_glued_one(arch, dtype, mode):
         assert (d.engine.fused is not None) == (arch in ("llama", "qwen2"))
         if not fused:
             d.engine.fused = None
-        calls = []
-        if d.engine.fused is not None:
-            real = d.engine.fused.run
-            d.engine.fused.run = lambda *a: (calls.append(real(*a)), calls[-1])[1]
+        steps = watch_steps(d.engine)
         seqs = [d.new(f"r{i}", p) for i, p in enumerate(PROMPTS)]
         runs.append((d.run(seqs, 8, chunk=5), rec.logits))
         if fused and arch in ("llama", "qwen2"):
-            assert any(calls) and not all(calls)     # decode steps fused; mixed prefill steps not
+            narrow = [(chunked, ok) for rows, chunked, ok in steps if rows <= d.engine.kernel_rows]
+            assert all(ok for _, ok in narrow), steps       # every narrow step fused ...
+            assert {c for c, _ in narrow} == {True, False}  # ... those with prompt chunks too
     (tokens, logits), (ref_tokens, ref_logits) = runs
     assert tokens == ref_tokens
     tol = 1e-4 if dtype == torch.float32 else 5e-2
@@ -163,6 +165,22 @@ def test_the_fused_step_decodes_as_the_glued_one(arch, dtype, mode):
         else:
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     assert sum(off) <= len(off) // 4, off
+
+
+def watch_steps(engine):
+    """Each step the engine runs, as (its rows, whether it computes a prompt chunk, whether the
+    fused step ran it: None where it was not offered)."""
+    steps, fused = [], engine.fused
+    if fused is not None:
+        real_run = fused.run
+        fused.run = lambda *a: steps[-1].__setitem__(2, real_run(*a)) or steps[-1][2]
+    real_execute = engine.execute
+
+    def execute(batch):
+        steps.append([sum(max(n, 0) for _, n in batch), any(n > 1 for _, n in batch), None])
+        return real_execute(batch)
+    engine.execute = execute
+    return steps
 
 
 def test_steps_up_to_the_kernel_width_are_fused_and_decode_as_the_glued_one():

@@ -168,6 +168,55 @@ def test_the_policy_retracts_only_strictly_lower_priorities_and_the_worst_first(
     assert [s.rid for s in running] == ["a", "urgent"]
 
 
+def test_a_best_class_prompts_last_step_is_its_own_and_its_earlier_chunks_keep_the_decoders():
+    """The step that samples a best-class prompt's first token holds only that class's
+    prompts: its decoding members sit it out (one step's turn, drafts dropped), as do lower
+    classes. A longer prompt's earlier chunks keep the class's decoders beside them."""
+    bm = BlockManager(64, 4, enable_prefix_cache=False)
+    pol = PriorityPolicy(BatchConfig(max_num_seqs=8, max_batch_tokens=16, **PRIO))
+
+    def seq(rid, prio, order, n):
+        s = Sequence(rid, list(range(3, 3 + n)), sampling=sp(8), priority=prio)
+        s.order = order
+        return s
+
+    def step(plan):
+        for s, n in plan.batch:
+            s.num_computed += n
+            if s.num_computed >= s.num_tokens:
+                s.output_ids.append(1)
+
+    hi, lo = seq("hi", 1, 1, 5), seq("lo", 5, 2, 5)
+    lane = pol.new_lane()
+    lane.append(hi)
+    lane.append(lo)
+    running: list = []
+    step(pol.plan(running, [lane], bm))      # hi's prompt alone (lo sits it out)
+    step(pol.plan(running, [lane], bm))      # lo's prompt, hi decodes beside it
+    assert hi.prefill_complete and lo.prefill_complete
+    hi.draft = [7]
+    short = seq("short", 1, 3, 6)
+    lane.append(short)
+    plan = pol.plan(running, [lane], bm)
+    assert [(s.rid, n) for s, n in plan.batch] == [("short", 6)]      # its first token, alone
+    assert hi.draft == [] and {s.rid for s in running} == {"hi", "lo", "short"}
+    step(plan)
+    plan = pol.plan(running, [lane], bm)      # then everyone decodes again
+    assert sorted(s.rid for s, _ in plan.batch) == ["hi", "lo", "short"]
+    step(plan)
+    long = seq("long", 1, 4, 40)              # 16 tokens a step: chunks
+    lane.append(long)
+    plans = []
+    while not long.prefill_complete:
+        plan = pol.plan(running, [lane], bm)
+        plans.append(sorted((s.rid, n) for s, n in plan.batch))
+        step(plan)
+    assert len(plans) >= 3 and sum(n for p in plans for rid, n in p if rid == "long") == 40
+    for p in plans[:-1]:                      # its chunks before the last: the decoders beside it
+        assert [rid for rid, _ in p] == ["hi", "long", "short"], plans
+    assert [rid for rid, _ in plans[-1]] == ["long"], plans     # its last: they sit out
+
+
 def test_priority_lane_orders_by_rank_and_removes_from_anywhere():
     lane = PriorityLane()
     seqs = []

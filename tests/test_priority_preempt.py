@@ -100,9 +100,11 @@ async def test_an_arrival_that_outranks_the_step_gives_it_up_and_its_first_token
     await rt.quiesce()
     assert not engine.preempt.is_set() and asks() == 1
     await held.release()
-    assert next_batch() == [("hi", 1), ("eq", 2)]                      # eq's first token: the class alone
+    assert next_batch() == [("eq", 2)]           # eq's first token: its prompt alone (hi sits out too)
     await held.release()
-    assert next_batch() == [("lo1", 1), ("lo2", 1), ("lo3", 2)]        # hi and eq done: the lows again
+    assert next_batch() == [("hi", 1), ("lo1", 1), ("lo2", 1), ("lo3", 2)]   # eq done: everyone else
+    await held.release()
+    assert next_batch() == [("lo1", 1), ("lo2", 1)]                    # hi, eq and lo3 done: the lows
     # a step of lower priorities only: a new arrival of priority 0 asks again
     hs["hi2"] = rt.generate([3, 1], sp(1), rid="hi2", priority=0)
     await rt.quiesce()

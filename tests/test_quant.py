@@ -109,6 +109,7 @@ def test_auto_quantizes_only_the_linears_whose_blocks_are_exact():
     assert dots == ("avx512_bf16" in cpu_bf16_flags())          # the path the kernels take here
     assert (f"up to {quant.Q8_BF16_ROWS} rows" in chosen[f"decode <= {quant.MAX_ROWS} rows"]) == dots
     assert "dense bfloat16" in chosen["prefill"]
+    assert f"at most {rep.kernel_rows} tokens with a prompt chunk runs as decode rows" in chosen["prefill"]
     lossy_only = torch.nn.Module()
     lossy_only.lin = _exact_and_lossy().lossy
     assert quant.quantize_model(lossy_only, "auto") is None          # nothing exact: all dense

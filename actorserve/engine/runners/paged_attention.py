@@ -145,12 +145,16 @@ class StepPlan:
 
 
 def plan_step(batch: list[tuple[Sequence, int]], tables: BlockTables, group: int,
-              inplace: bool = False) -> StepPlan:
+              inplace: bool = False, decode_rows: int = 0) -> StepPlan:
     """Lay out one step: flat tokens, their slots, and the attention groups. The block ids come
     from `tables` (each member's row synced first); Python work here is per member and per new
     token, never per block: slots, padded decode blocks and chunk blocks are tensor gathers.
     `inplace` (the decode kernel reads each context at its own length): one decode group of
-    every ``n == 1`` member, no masks."""
+    every ``n == 1`` member, no masks. With `inplace`, a step of at most `decode_rows` tokens
+    attends every row as a decode row, prompt chunks and verify rows too: a chunk's row at
+    position ``p`` reads the context ``[0, p]`` (every row's K/V is written before any row
+    attends, so the per-row length is the causal mask). Such a step is one dense decode group,
+    which the fused step (`kernels.fused_step`) runs in one C call."""
     bs = tables.block_size
     ids: list[int] = []
     pos: list[int] = []
@@ -197,6 +201,11 @@ def plan_step(batch: list[tuple[Sequence, int]], tables: BlockTables, group: int
         slots = torch.empty(0, dtype=torch.long)
 
     groups = []
+    if inplace and chunks and 0 < len(ids) <= decode_rows:
+        nb = -(-(int(positions.max()) + 1) // bs)
+        groups.append(DecodeGroup(torch.arange(len(ids)), tables.table[per_token, :nb],
+                                  (positions + 1).to(torch.int32), None, dense=True))
+        dec, chunks = [], []
     if dec:
         needs = [-(-ctx // bs) for _, _, ctx in dec]
         for members in [list(range(len(dec)))] if inplace else group_by_length(needs):

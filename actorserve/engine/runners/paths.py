@@ -41,5 +41,7 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
     paths[f"steps > {rows} rows (wide decode)"] = (f"{dense_path}: from {rows + 1} rows as fast as the "
                                                    "kernels or faster (measured: quant.KERNEL_ROWS)")
     paths["prefill"] = ("q4n16 superblocks with 8-bit activations" if report.mode == "q4a8" and _act8_simd()
-                        else dense_path)
+                        else f"{dense_path}; a step of at most {rows} tokens with a prompt chunk runs as "
+                             "decode rows (the kernels above, each prompt row attending at its own length "
+                             "through the in-place attention kernel)")
     return paths

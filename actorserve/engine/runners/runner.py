@@ -110,6 +110,9 @@ class PagedLlamaRunner(_SamplingRunner):
         # the widest step the quantized kernels (and so the step pool, the glue and the fused
         # step) take: `quant.kernel_rows`, 16 where bf16 activations take the dot path
         self.kernel_rows = model.actorserve_quant.kernel_rows if quantized else MAX_ROWS
+        # ... and such a step attends every row through the decode kernel, prompt chunks too
+        # (`plan_step`'s `decode_rows`): so the fused step takes a short prompt's prefill
+        self.decode_rows = self.kernel_rows if quantized and self.decode_kernel is not None else 0
         self.glue = (glue_mod.load() if quantized and not family.sandwich
                      and glue_mod.usable(self.layers, self.dtype) else None)
         act = getattr(cfg, "hidden_act", None)
@@ -247,7 +250,8 @@ class PagedLlamaRunner(_SamplingRunner):
     @torch.inference_mode()
     def execute(self, batch: list[tuple[Sequence, int]]) -> list[SeqOutput]:
         outputs = [SeqOutput(seq) for seq, _ in batch]
-        plan = plan_step(batch, self.tables, self.group, inplace=self.decode_kernel is not None)
+        plan = plan_step(batch, self.tables, self.group, inplace=self.decode_kernel is not None,
+                         decode_rows=self.decode_rows)
         if plan.num_tokens == 0:
             return outputs
         lora = self.lora.step(batch, plan)     # None: every member runs on the base model

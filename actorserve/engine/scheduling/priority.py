@@ -151,17 +151,26 @@ class PriorityPolicy(BatchPolicy):
     def plan(self, running: list[Sequence], lanes: list[Any], bm: BlockManager) -> Plan:
         """`BatchPolicy.plan`, then a step of its own for a request's first token: when a
         member of the best priority in the batch is still prefilling, the members of lower
-        priority sit this step out (still running, their blocks kept; drafts dropped)."""
+        priority sit this step out (still running, their blocks kept; drafts dropped). When
+        that step ends a best-class prompt (its first token is sampled in it), the best class's
+        own decoding members sit it out too: the prompt's step is as narrow as it can be, as
+        SGLang runs a prefill batch apart from the decode batch. They lose one step's turn per
+        such prompt, never more: the chunks of a longer prompt before its last keep them."""
         out = super().plan(running, lanes, bm)
         if len(out.batch) < 2:
             return out
         best = min(self.rank(s)[0] for s, _ in out.batch)
-        if not any(self.rank(s)[0] == best and not s.is_probe and not s.prefill_complete for s, _ in out.batch):
+        first = [(s, n) for s, n in out.batch
+                 if self.rank(s)[0] == best and not s.is_probe and not s.prefill_complete]
+        if not first:
             return out
-        keep = [(s, n) for s, n in out.batch if self.rank(s)[0] == best]
+        ends = any(s.num_computed + n >= len(s.prompt_ids) for s, n in first)
+        keep = [(s, n) for s, n in out.batch
+                if self.rank(s)[0] == best and not (ends and s.prefill_complete and not s.is_probe)]
         if len(keep) < len(out.batch):
+            kept = {id(s) for s, _ in keep}
             for s, _ in out.batch:
-                if self.rank(s)[0] != best:
+                if id(s) not in kept:
                     s.draft = []
             out.batch[:] = keep
         return out
