@@ -120,7 +120,9 @@ async def one(http: aiohttp.ClientSession, url: str, i: int, priority: int, max_
               stream: bool = True) -> tuple[float, bool]:
     """One /generate: (TTFT in seconds, completed with all its tokens). Not streamed, the
     "first token" is the whole answer (the low class's background work has no TTFT)."""
-    body = {"text": f"request {i}: tell me a story", "stream": stream, "priority": priority, "rid": f"r{i}",
+    # the id zero-padded: every request's prompt has the same length (with "request {i}", the
+    # loaded phase's high class, ids 1000-1039, had 11 tokens against the unloaded phase's 9)
+    body = {"text": f"request {i:06d}: tell me a story", "stream": stream, "priority": priority, "rid": f"r{i}",
             "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}
     t0 = time.perf_counter()
     ttft = float("nan")

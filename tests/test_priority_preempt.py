@@ -173,7 +173,7 @@ def test_who_preempts_outranks_some_member_and_is_outranked_by_none_never_a_prob
 
 
 def test_the_runner_gives_up_at_a_layer_boundary_and_the_rerun_is_exact():
-    """The real runner (tiny model): the flag set after the first layer wrote its K/V, the
+    """The real runner (tiny model): the flag set once the first layer wrote its K/V, the
     step raises `StepPreempted`; the scheduler's bookkeeping stays as before the step, and
     running it again (the KV written past ``num_computed`` overwritten) gives the tokens of a
     run that was never interrupted."""
@@ -203,7 +203,8 @@ def test_the_runner_gives_up_at_a_layer_boundary_and_the_rerun_is_exact():
             before = [(s.num_computed, len(s.output_ids)) for s in seqs]
             for s in seqs:
                 assert d.bm.allocate(s, 1)
-            with pytest.raises(StepPreempted, match="at layer 1"):
+            # read again between layer 0's attention and its MLP: the MLP never runs
+            with pytest.raises(StepPreempted, match="in layer 0, before its MLP"):
                 eng.execute([(s, 1) for s in seqs])
             assert [(s.num_computed, len(s.output_ids)) for s in seqs] == before
             eng.kv.write = write

@@ -201,6 +201,7 @@ class PagedLlamaRunner(_SamplingRunner):
             k = apply_rope(k, cos, sin)
             self.kv.write(li, plan.slots, k, v)
             paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap, self.decode_kernel)
+            self._check_preempt(li, mlp=True)
             if fam.sandwich:                                 # Gemma2: norm each branch's output too
                 h.add_(layer.post_attention_layernorm(self._o_proj(a, attn_out, lo)))
                 h.add_(layer.post_feedforward_layernorm(self._mlp(layer.mlp, layer.pre_feedforward_layernorm(h), lo)))
@@ -209,12 +210,16 @@ class PagedLlamaRunner(_SamplingRunner):
             h.add_(self._mlp(layer.mlp, layer.post_attention_layernorm(h), lo))
         return h
 
-    def _check_preempt(self, li: int) -> None:
+    def _check_preempt(self, li: int, mlp: bool = False) -> None:
         """A layer boundary (or, at ``len(layers)``, the end of the forward, before anything
-        is sampled): give the step up if the scheduler asked (`engine.scheduling.base`). A fused decode
-        step (all layers in one C call) reads the same flag at its own layer boundaries."""
+        is sampled; with `mlp`, layer li's own boundary between attention and MLP): give the step
+        up if the scheduler asked (`engine.scheduling.base`). The Python paths read it twice a
+        layer: under load a wide mixed step's layer took 13-25 ms there (its ~20 torch calls
+        each wait for the GIL while the event loop takes in the arrival), so the half-layer
+        bounds how long the arrival waits. A fused decode step (all layers in one C call) reads
+        the same flag at its own layer boundaries."""
         if self.preempt.is_set():
-            raise StepPreempted(f"at layer {li}")
+            raise StepPreempted(f"in layer {li}, before its MLP" if mlp else f"at layer {li}")
 
     def _forward_glued(self, plan: StepPlan, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        attn_out: torch.Tensor, lora: LoraStep | None = None) -> torch.Tensor:
@@ -240,6 +245,7 @@ class PagedLlamaRunner(_SamplingRunner):
             with self.step_pool.paused() if pause else contextlib.nullcontext():
                 paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap, self.decode_kernel)
             glue.add_rmsnorm(h, self._o_proj(a, attn_out, lo), layer.post_attention_layernorm, x)
+            self._check_preempt(li, mlp=True)
             m = self._mlp(layer.mlp, x, lo)
             if li + 1 < len(layers):
                 glue.add_rmsnorm(h, m, layers[li + 1].input_layernorm, x)
