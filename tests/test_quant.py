@@ -212,6 +212,29 @@ def test_bf16_activations_take_the_dot_product_path_and_agree_with_the_float_pat
         assert (diff <= floats.float().abs() * 2 ** -7 + 1e-4).all(), (rows, diff.max())
 
 
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_prefetching_the_weights_ahead_changes_no_bit(kind):
+    """Products of one or two rows ask for the weights a few output rows ahead (never past
+    their chunk's end); the results are the same bits with and without it, pooled or not."""
+    ql = _linear(kind, 203, 576, seed=2)        # an odd N: the chunks end at odd rows
+    lib = ql.lib
+    assert lib.prefetch(-1) == 4
+    pool = quant.StepPool(workers=1)
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows in (1, 2, 3):
+            x = torch.randn(rows, 576).to(dtype)
+            got = {}
+            for ahead in (0, 4, 64):
+                lib.prefetch(ahead)
+                try:
+                    with pool:
+                        got[ahead] = (ql(x), ql(x[:1]))
+                finally:
+                    lib.prefetch(4)
+            for ahead in (4, 64):
+                assert all(torch.equal(a, b) for a, b in zip(got[ahead], got[0])), (dtype, rows, ahead)
+
+
 def test_quantize_model_patches_the_linears_and_refuses_unknown_modes():
     with pytest.raises(ValueError, match="unknown quantization"):
         quant.quantize_model(torch.nn.Linear(32, 4), "q2")

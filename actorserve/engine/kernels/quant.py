@@ -101,6 +101,10 @@ class _Lib:
         self.bf16_path = lib.qgemv_bf16_path
         self.bf16_path.argtypes = [i]
         self.bf16_path.restype = ctypes.c_int
+        # rows ahead a product of one or two rows prefetches its weights (rows >= 0 sets, -1 asks)
+        self.prefetch = lib.qgemv_prefetch
+        self.prefetch.argtypes = [i]
+        self.prefetch.restype = ctypes.c_int
         self.act8_simd = bool(lib.qgemv_act8_simd())
         self.qpool_active = lib.qpool_active
         self.qpool_active.argtypes = [i, i]

@@ -19,6 +19,9 @@
 #include <string.h>
 
 #define MAXM 8
+/* How many output rows ahead `run_rows` asks for the weights (`qgemv_prefetch`; 0: none). */
+static int prefetch_rows = 4;
+#define PREFETCH_MAXM 2
 
 #ifdef __F16C__
 #include <immintrin.h>
@@ -316,8 +319,19 @@ static void run_rows(const job_t *j) {
         }
         return;
     }
+    const size_t row_bytes = j->kind == 4 ? (size_t)K / 2 : (size_t)K;
+    /* one or two rows read the weights faster than the hardware prefetchers bring them (the
+     * rows of a chunk follow each other, but each is only K/2 bytes in three streams); from
+     * four rows on the products are the bound and prefetching measured no better */
+    const int ahead = M <= PREFETCH_MAXM ? prefetch_rows : 0;
     for (int n = j->n0; n < j->n1; n++) {
         float res[MAXM];
+        if (ahead && n + ahead < j->n1) {        /* the weights `ahead` rows on, from memory */
+            const char *p = (const char *)j->q + (size_t)(n + ahead) * row_bytes;
+            for (size_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(p + o, 0, 0);
+            __builtin_prefetch(d + (size_t)(n + ahead) * G, 0, 0);
+            if (m) __builtin_prefetch(m + (size_t)(n + ahead) * G, 0, 0);
+        }
         if (j->kind == 4 && j->xq) {
 #define Q4A8(M_) q4a8_row(j->xq, j->xd, j->xdv, xs, M_, K, (const uint8_t *)j->q + (size_t)n * K / 2, d + (size_t)n * G, m + (size_t)n * G, res)
             CASES(Q4A8)
@@ -388,6 +402,12 @@ int qgemv_act8_simd(void) {
 #else
     return 0;
 #endif
+}
+
+/* How many output rows ahead a product prefetches its weights: rows >= 0 sets it, -1 asks. */
+int qgemv_prefetch(int rows) {
+    if (rows >= 0) prefetch_rows = rows;
+    return prefetch_rows;
 }
 
 /* Whether q4 products of bfloat16 activations take the vdpbf16ps path: on = 0 or 1 sets it
