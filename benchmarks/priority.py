@@ -14,6 +14,10 @@ that carries a token):
    ``--overload`` (2) x capacity for ``--duration`` seconds; every request is awaited to its end
    (nothing is shed, nothing times out).
 
+With ``--rounds N`` the unloaded and loaded phases alternate N times each (the low class's
+backlog drained between rounds), so slow drift of the shared box weighs on both alike; the p95s
+pool every round's samples, and ``round_p95_ratios`` gives each round's own ratio.
+
 Prints one JSON line: the high class's p50/p95 TTFT unloaded and loaded and their ratio (goal:
 p95 ratio <= 1.2), low-class requests sent and completed (all must complete), the server's
 preemption count (retractions, from /metrics) and wall time. Both TTFT figures come from the
@@ -184,21 +188,36 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         done = await asyncio.gather(*(one(http, url, 100_000 + i, LOW, args.low_tokens, args.low_stream)
                                       for i in range(args.calibrate)))
         capacity = sum(ok for _, ok in done) / (time.perf_counter() - t0)
-        unloaded, unloaded_srv = await high_class(http, url, args, 0)
-        before = await preemptions(http, url)
         rate = args.overload * capacity
         n_low = max(1, int(rate * args.duration))
+        before = await preemptions(http, url)
+        unloaded: list[float] = []
+        loaded: list[float] = []
+        unloaded_srv: list[tuple[float, float]] = []
+        loaded_srv: list[tuple[float, float]] = []
+        rounds: list[float] = []
+        sent = completed = 0
+        wall = 0.0
+        for r in range(args.rounds):      # unloaded, then loaded, in turn: both see the same box
+            u, u_srv = await high_class(http, url, args, 2000 * r)
+            low_base = 200_000 + 20_000 * r
 
-        async def low(i: int) -> bool:
-            await asyncio.sleep(i / rate)
-            return (await one(http, url, 200_000 + i, LOW, args.low_tokens, args.low_stream))[1]
+            async def low(i: int) -> bool:
+                await asyncio.sleep(i / rate)
+                return (await one(http, url, low_base + i, LOW, args.low_tokens, args.low_stream))[1]
 
-        t1 = time.perf_counter()
-        lows = asyncio.gather(*(low(i) for i in range(n_low)))
-        await asyncio.sleep(min(2.0, args.duration / 4))    # the backlog is building
-        loaded, loaded_srv = await high_class(http, url, args, 1000)
-        completed = sum(await lows)
-        wall = time.perf_counter() - t1
+            t1 = time.perf_counter()
+            lows = asyncio.gather(*(low(i) for i in range(n_low)))
+            await asyncio.sleep(min(2.0, args.duration / 4))    # the backlog is building
+            lo, lo_srv = await high_class(http, url, args, 2000 * r + 1000)
+            completed += sum(await lows)
+            sent += n_low
+            wall += time.perf_counter() - t1
+            unloaded += u
+            loaded += lo
+            unloaded_srv += u_srv
+            loaded_srv += lo_srv
+            rounds.append(round(pct(lo, 0.95) / pct(u, 0.95), 3))
         after = await preemptions(http, url)
     ms = 1e3
     p95_u, p95_l = pct(unloaded, 0.95), pct(loaded, 0.95)
@@ -208,9 +227,9 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "high_ttft_p95_unloaded_ms": round(p95_u * ms, 1),
         "high_ttft_p50_loaded_ms": round(pct(loaded, 0.5) * ms, 1),
         "high_ttft_p95_loaded_ms": round(p95_l * ms, 1),
-        "high_p95_ratio": round(p95_l / p95_u, 3),
+        "high_p95_ratio": round(p95_l / p95_u, 3), "rounds": args.rounds, "round_p95_ratios": rounds,
         **server_figures(unloaded_srv, loaded_srv),
-        "high_requests": args.high, "low_sent": n_low, "low_completed": completed,
+        "high_requests": args.high * args.rounds, "low_sent": sent, "low_completed": completed,
         "preemptions": after - before, "loaded_wall_s": round(wall, 1),
     }
 
@@ -238,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--low-tokens", type=int, default=48)
     p.add_argument("--high-tokens", type=int, default=8)
     p.add_argument("--high", type=int, default=40, help="high-priority requests per phase")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="unloaded and loaded phases in turn, this many of each; the p95s pool every "
+                        "round's samples (round_p95_ratios: each round's own ratio)")
     p.add_argument("--high-interval", type=float, default=0.25)
     p.add_argument("--calibrate", type=int, default=64)
     p.add_argument("--overload", type=float, default=2.0)

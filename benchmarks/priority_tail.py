@@ -1,6 +1,7 @@
 """What a high-priority request's TTFT is made of, from a `priority.py --record PATH` recording.
 
-For each high-class request of the loaded phase (rids ``r1000`` ...), from the flight recording
+For each high-class request of the loaded phases (rids ``r1000`` ..., ``r3000`` ... with
+``--rounds``), from the flight recording
 (``create`` -> ``schedule`` -> ``first_token`` of the request, the scheduler's ``step`` notes and
 ``step_end`` inputs, both stamped on the event loop):
 
@@ -79,11 +80,13 @@ def breakdown(events: list[Any], prefix: str) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("recording")
-    p.add_argument("--prefix", default="r1", help="the rids to break down (default r1: r1000...)")
+    p.add_argument("--prefix", default="r", help="the rids to break down (default: every high-class rid)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     _, events = read_all_parts(args.recording)
-    rows = [r for r in breakdown(events, args.prefix) if r["rid"][1:].isdigit() and 1000 <= int(r["rid"][1:]) < 2000]
+    # the loaded phases' high class: r1000..., and with --rounds r3000..., r5000... (priority.py)
+    rows = [r for r in breakdown(events, args.prefix)
+            if r["rid"][1:].isdigit() and int(r["rid"][1:]) < 100_000 and (int(r["rid"][1:]) // 1000) % 2 == 1]
     steps = steps_of(events)
     dur = [(s["end"] - s["start"]) * 1e-6 for s in steps]
     gaps = [(b["start"] - a["end"]) * 1e-6 for a, b in zip(steps, steps[1:]) if b["start"] - a["end"] < 50e6]
