@@ -91,6 +91,18 @@ thread take turns on the GIL at each of a layer's ~20 torch calls); (2) the high
 13-token prefill runs ~25% slower than unloaded (p50 38-42 vs 29-35 ms): the low class's
 streaming and the client share the 2 cores with the step's two threads (answered whole,
 ``--low-whole``, +10%). The 1.2 goal is not met on this box for the default model either.
+
+2026-12-07, later (AMD EPYC; ``--model default --high 100 --high-interval 0.15 --rounds 3``,
+the high class's prompts now all 13 tokens). A short prompt's prefill is one fused C call (no
+GIL turns), the step that ends a best-class prompt holds only that class's prompts, and the
+Python paths read the ask between attention and MLP too. Against the code before (61b43ec),
+two alternations: pooled client p95 ratio 1.525 / 1.507 against 1.532 / 1.71 (loaded p95
+55.9 / 55.4 ms against 63.8 / 63.8; unloaded 36.6 / 36.8 against 41.6 / 37.3); each round's
+own ratio 1.11-1.75 against 1.43-2.11. A recorded run (server side, per round): the arrival's
+own step, now always 1 wide, p50 33-34 ms loaded against 29-34 unloaded and p95 41-46 against
+31-38; the step in flight's residual p95 7.6-8.7 ms. The own step, a fused C call that needs
+no GIL, is the larger part of what is left: it shares the 2 cores with the event loop's
+arrivals and the client. Not met.
 """
 
 from __future__ import annotations
