@@ -14,8 +14,9 @@ the same arithmetic (SiLU's exponential is C's ``expf`` rather than torch's vect
 float32 rounding apart). In a narrow step the runner lays prompt chunks and speculation's
 verify rows out as decode rows too (`paged_attention.plan_step`'s `decode_rows`: each row's
 context ends at its own position), so a short prompt's prefill is one call as well. Anything
-else (a step planned with chunks, another family) takes the glued or the plain path. A step with LoRA adapter members runs fused too:
-each product is followed by its adapters' deltas (`lora_kernel`). The scheduler's ask to give
+else (a step planned with chunks, another family) takes the glued or the plain path. A step
+with LoRA adapter members runs fused too: each product is followed by its adapters' deltas
+(`lora_kernel`). The scheduler's ask to give
 the step up (the runner's `PreemptFlag`) is read at each layer boundary, as the Python paths
 read it: set, the call returns early and the step raises `StepPreempted`.
 """

@@ -166,7 +166,7 @@ class PriorityPolicy(BatchPolicy):
             return out
         ends = any(s.num_computed + n >= len(s.prompt_ids) for s, n in first)
         keep = [(s, n) for s, n in out.batch
-                if self.rank(s)[0] == best and not (ends and s.prefill_complete and not s.is_probe)]
+                if self.rank(s)[0] == best and not (ends and s.prefill_complete)]
         if len(keep) < len(out.batch):
             kept = {id(s) for s, _ in keep}
             for s, _ in out.batch:
