@@ -138,3 +138,29 @@ def test_serve_flags_size_the_ring_and_refuse_an_empty_one():
     assert (cfg.recorder.capacity, cfg.recorder.ring_bytes) == (5000, 512 << 10)
     with pytest.raises(ValueError, match="at least 1 event"):
         serve_cli.config_from_args(p.parse_args(["--recorder-events", "0"]))
+
+
+@pytest.mark.parametrize("preallocate", [False, True])
+def test_one_requests_entries_come_from_only_the_chunks_that_may_hold_it(preallocate, monkeypatch):
+    import actorserve.replay.byte_ring as br
+
+    ring = ByteRing(5000, 1 << 20, preallocate=preallocate, chunk=64)
+    # requests r0..r29, 100 seqs each; between them entries of one-off ids and of none
+    entries = [(i, f"r{i // 100}", "M", "a") if i % 3 else
+               (i, f"x{i}" if i % 2 else None, "generation", "advance", "queued", "prefill",
+                None, i - 1, "abc", {"i": i}) for i in range(1, 3001)]
+    for t in entries:
+        ring.append(t)
+    loads = []
+    real = br.marshal.loads
+    monkeypatch.setattr(br.marshal, "loads", lambda b: loads.append(1) or real(b))
+    every = list(ring.entries())
+    whole = len(loads)
+    for rid in ("r7", "r29", "r2999", None, "absent"):
+        loads.clear()
+        got = list(ring.entries(rid))
+        assert got == [(s, t) for s, t in every if t[1] == rid]
+        if rid == "r7":     # r7's own entries (seqs 700-799) span 2-3 chunks of 64; each chunk
+            # names ~17 ids, so another chunk shares r7's bit of 1,024 about 1.7% of the time
+            assert len(got) == 67 and 2 <= len(loads) < whole // 4
+    assert whole == len(ring.chunks) > 40

@@ -18,6 +18,11 @@ Sealed chunks live in one of two places:
 Either way the ring keeps at most `capacity` events. It evicts whole chunks, so it may hold up
 to a chunk fewer. `entries()` gives every held event back as ``(seq, entry)``, equal to what
 was appended; a compacted prompt (`array`) and a step's rows (`Pairs`) survive the trip.
+
+Each sealed chunk also keeps a 1,024-bit mask of the request ids its entries name (a bit per id's
+hash: a Bloom filter with one hash), so `entries(rid)` (one request's history,
+`/debug/requests/{rid}`) unpacks the chunks that may hold that request, not the whole ring: on a
+loaded server the whole 100,000-event ring took the event loop ~4 ms a read.
 """
 
 from __future__ import annotations
@@ -74,6 +79,11 @@ def _packable(t: tuple) -> tuple:
     return t
 
 
+def _rid_bit(rid: Any) -> int:
+    """The bit of `rid` in a chunk's mask (`hash` is fixed within a process, the ring's life)."""
+    return 1 << (hash(rid) & 1023)
+
+
 def _unpacked(t: Any) -> tuple:
     t = tuple(t)
     if len(t) == 10 and type(t[9]) is dict:
@@ -99,7 +109,7 @@ class ByteRing:
         self.tail: list[tuple] = []
         self.sealed_to = 0                   # seq of the last sealed entry (entries count from 1)
         # sealed chunks, oldest first: [first seq, events, offset (-1: outside the buffer),
-        # length, blob or None]
+        # length, blob or None, the mask of the request ids its entries name (`_rid_bit`)]
         self.chunks: deque[list[Any]] = deque()
         self.sealed = 0                      # entries in `chunks`
         self.sealed_bytes = 0
@@ -125,6 +135,9 @@ class ByteRing:
             self._pop()
 
     def _store(self, entries: list[tuple], first: int) -> None:
+        rids = 0
+        for r in {t[1] for t in entries}:
+            rids |= _rid_bit(r)
         packed = [t if len(t) == 4 or t[9] is None else (*t[:9], _pack_data(t[9])) for t in entries]
         try:
             blob = marshal.dumps(packed)
@@ -139,17 +152,17 @@ class ByteRing:
             while self.chunks:                # kept outside the buffer
                 self._pop()
             self.head = 0
-            self.chunks.append([first, 1, -1, len(blob), blob])
+            self.chunks.append([first, 1, -1, len(blob), blob, rids])
         elif self.buffer is None:
-            self.chunks.append([first, len(entries), -1, len(blob), blob])
+            self.chunks.append([first, len(entries), -1, len(blob), blob, rids])
             while self.sealed_bytes + len(blob) > self.max_bytes:
                 self._pop()
         else:
-            self._place(blob, first, len(entries))
+            self._place(blob, first, len(entries), rids)
         self.sealed += len(entries)
         self.sealed_bytes += len(blob)
 
-    def _place(self, blob: bytes, first: int, count: int) -> None:
+    def _place(self, blob: bytes, first: int, count: int, rids: int) -> None:
         n = len(blob)
         at = self.head
         # an event held outside the buffer (larger than it) goes once the buffer is written again
@@ -164,7 +177,7 @@ class ByteRing:
         assert self.buffer is not None
         self.buffer[at:at + n] = blob
         self.head = at + n
-        self.chunks.append([first, count, at, n, None])
+        self.chunks.append([first, count, at, n, None, rids])
 
     def _pop(self) -> None:
         c = self.chunks.popleft()
@@ -175,19 +188,24 @@ class ByteRing:
     def __len__(self) -> int:
         return min(self.capacity, self.sealed + len(self.tail))
 
-    def entries(self) -> Iterator[tuple[int, tuple]]:
-        """The newest `capacity` entries held, oldest first, with their seqs."""
+    def entries(self, rid: Any = ...) -> Iterator[tuple[int, tuple]]:
+        """The newest `capacity` entries held, oldest first, with their seqs; with `rid`, only
+        those whose request id (``entry[1]``) is `rid` (None: the entries of no request)."""
         tail = list(self.tail)
         first_wanted = self.sealed_to + len(tail) - len(self) + 1
-        for first, _count, at, n, blob in list(self.chunks):
-            if first + _count <= first_wanted:
+        every = rid is ...
+        bit = 0 if every else _rid_bit(rid)
+        for first, _count, at, n, blob, rids in list(self.chunks):
+            if first + _count <= first_wanted or not (every or rids & bit):
                 continue
             raw = marshal.loads(blob if blob is not None else memoryview(self.buffer)[at:at + n])
             for i in range(max(0, first_wanted - first), len(raw)):
-                yield first + i, _unpacked(raw[i])
+                if every or raw[i][1] == rid:
+                    yield first + i, _unpacked(raw[i])
         seq = self.sealed_to + 1
         for i in range(max(0, first_wanted - seq), len(tail)):
-            yield seq + i, tail[i]
+            if every or tail[i][1] == rid:
+                yield seq + i, tail[i]
 
     def memory(self) -> int:
         """Bytes the ring's sealed part takes (the whole buffer when it was taken up front)."""
