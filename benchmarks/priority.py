@@ -181,15 +181,22 @@ async def server_ttft(http: aiohttp.ClientSession, url: str, i: int) -> tuple[fl
 
 
 async def high_class(http: aiohttp.ClientSession, url: str, args: argparse.Namespace,
-                     base: int) -> tuple[list[float], list[tuple[float, float]]]:
-    """The high class's TTFTs as the client saw them, and as the server recorded them."""
-    async def at(k: int) -> tuple[float, tuple[float, float]]:
+                     base: int) -> list[float]:
+    """The high class's TTFTs as the client saw them."""
+    async def at(k: int) -> float:
         await asyncio.sleep(k * args.high_interval)
         ttft, ok = await one(http, url, base + k, HIGH, args.high_tokens)
         assert ok, "a high-priority request did not complete"
-        return ttft, await server_ttft(http, url, base + k)
-    pairs = await asyncio.gather(*(at(k) for k in range(args.high)))
-    return [c for c, _ in pairs], [s for _, s in pairs]
+        return ttft
+    return list(await asyncio.gather(*(at(k) for k in range(args.high))))
+
+
+async def server_ttfts(http: aiohttp.ClientSession, url: str, args: argparse.Namespace,
+                       base: int) -> list[tuple[float, float]]:
+    """The same requests' TTFTs as the server recorded them, read once the phase is over: a
+    read scans the flight recorder on the server's event loop, which must not happen while
+    the phase is measured."""
+    return [await server_ttft(http, url, base + k) for k in range(args.high)]
 
 
 async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -211,7 +218,8 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         sent = completed = 0
         wall = 0.0
         for r in range(args.rounds):      # unloaded, then loaded, in turn: both see the same box
-            u, u_srv = await high_class(http, url, args, 2000 * r)
+            u = await high_class(http, url, args, 2000 * r)
+            u_srv = await server_ttfts(http, url, args, 2000 * r)
             low_base = 200_000 + 20_000 * r
 
             async def low(i: int) -> bool:
@@ -221,10 +229,11 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
             t1 = time.perf_counter()
             lows = asyncio.gather(*(low(i) for i in range(n_low)))
             await asyncio.sleep(min(2.0, args.duration / 4))    # the backlog is building
-            lo, lo_srv = await high_class(http, url, args, 2000 * r + 1000)
+            lo = await high_class(http, url, args, 2000 * r + 1000)
             completed += sum(await lows)
             sent += n_low
             wall += time.perf_counter() - t1
+            lo_srv = await server_ttfts(http, url, args, 2000 * r + 1000)
             unloaded += u
             loaded += lo
             unloaded_srv += u_srv
