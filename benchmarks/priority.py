@@ -103,6 +103,22 @@ own step, now always 1 wide, p50 33-34 ms loaded against 29-34 unloaded and p95 
 31-38; the step in flight's residual p95 7.6-8.7 ms. The own step, a fused C call that needs
 no GIL, is the larger part of what is left: it shares the 2 cores with the event loop's
 arrivals and the client. Not met.
+
+2026-12-07, a fresh session (AMD EPYC, quiet box; the same command). Until now the client
+read each high request's server-side TTFT (``/debug/requests/r{i}``) right after its answer,
+in the middle of the phase. Each read scanned the whole flight recorder (100,000 events) on the
+server's event loop, holding the GIL ~4 ms while the next high request arrived: a py-spy
+profile of the loaded phase gave that scan a quarter of the loop's samples, and the mixed steps
+in flight (plain path, a GIL turn per torch call) took 10-31 ms to give up. Two changes: the
+reads come after the phase (`server_ttfts`), and the recorder's chunks carry a mask of their
+request ids, so a read unpacks only the chunks that may hold the request. Pooled client p95
+ratio, 3 rounds each: 1.144 / 1.311 / 1.499 / 1.384 before; 1.154 / 1.151 / 1.178 / 1.113 after
+(loaded p95 44.6-48.5 ms against 50.9-59.6, unloaded 37.9-41.2 against 39.3-46.8); every low
+request completed. The server's change alone does it: the old client (reads in the phase)
+against the new server, 1.160 / 1.110. A recorded run after: the step in flight's residual p95 4.5 ms (was 11.1),
+the arrival's own step p95 36.3 ms loaded against 34.9 unloaded. ``--switch-interval 0.001``:
+1.165 / 1.137, no change. The goal (<= 1.2) is met in each pooled run; single rounds still
+range 0.97-1.39.
 """
 
 from __future__ import annotations
