@@ -204,6 +204,38 @@ static inline __attribute__((always_inline)) void widen_tile(const void *base, c
         for (int c = 0; c < C; c++) ((vf *)tile)[t * C + c] = widen(base, at[t] + head + 16 * c, bf16);
 }
 
+#if defined(__AVX512BF16__)
+/* Scores of head h's g query rows against tn tokens of a bf16 cache, with `vdpbf16ps`: each
+ * instruction multiplies 32 bf16 pairs and adds them into 16 float32 sums, so the K rows are
+ * read straight from the cache (no float32 tile) at twice the multiply-adds an instruction.
+ * The query row is rounded to bf16 first; a bf16 model's queries are bf16 already (its q
+ * projection's and RoPE's outputs), so that is the model's own arithmetic, and the sums stay
+ * float32. C2 = d / 32 vectors a row. */
+static inline __attribute__((always_inline)) void scores_bf16(
+        const float *restrict qi, const void *K, const size_t at[16], int tn, size_t head, int h,
+        int h0, int g, const int C2, float scale, float *restrict s, size_t stride, int p0) {
+    const uint16_t *k = (const uint16_t *)K + head;
+    for (int r = 0; r < g; r++) {
+        const float *qr = qi + ((size_t)h * g + r) * C2 * 32;
+        __m512bh qb[4];                              /* C2 <= 4 (d <= 128) */
+        for (int c = 0; c < C2; c++)
+            qb[c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(qr + 32 * c + 16), _mm512_loadu_ps(qr + 32 * c));
+        vf acc[16];
+        for (int t = 0; t < 16; t++) {
+            __m512 a = _mm512_setzero_ps();
+            if (t < tn)
+                for (int c = 0; c < C2; c++)
+                    a = _mm512_dpbf16_ps(a, qb[c], (__m512bh)_mm512_loadu_si512((const void *)(k + at[t] + 32 * c)));
+            acc[t] = (vf)a;
+        }
+        vf sc = sum16(acc) * scale;
+        float *dst = s + ((size_t)(h - h0) * g + r) * stride + p0;
+        if (tn == 16) *(vfu *)dst = sc;
+        else for (int t = 0; t < tn; t++) dst[t] = sc[t];
+    }
+}
+#endif
+
 static inline __attribute__((always_inline)) void unit_vec(
         const float *restrict qi, const void *K, const void *V, const int bf16, const int32_t *tab,
         int L, int nkv, int h0, int h1, int g, const int d, int bs, float scale, float softcap,
@@ -217,6 +249,12 @@ static inline __attribute__((always_inline)) void unit_vec(
         size_t at[16];
         token_rows(tab, p0, tn, bs, row_stride, at);
         for (int h = h0; h < h1; h++) {
+#if defined(__AVX512BF16__)
+            if (bf16) {              /* the K rows as they lie, bf16 pairs into float32 sums */
+                scores_bf16(qi, K, at, tn, (size_t)h * d, h, h0, g, C / 2, scale, s, stride, p0);
+                continue;
+            }
+#endif
             widen_tile(K, at, tn, (size_t)h * d, C, bf16, tile);   /* the 16 tokens' K rows of head h */
             for (int r = 0; r < g; r++) {
                 const vfu *qr = (const vfu *)(qi + ((size_t)h * g + r) * d);
