@@ -234,6 +234,76 @@ static inline __attribute__((always_inline)) void scores_bf16(
         else for (int t = 0; t < tn; t++) dst[t] = sc[t];
     }
 }
+
+/* The V pass of one head's g rows over tn tokens, with `vdpbf16ps` on token pairs: two tokens'
+ * V rows interleaved (unpacklo/hi of 16-bit words: within each 128-bit lane, which puts the
+ * row's elements in the order `V_ORDER` undoes) times the pair of their bf16 weights. `wb`: the
+ * rows' weights as bf16 (`weights_bf16`), `acc`: float32 accumulators in that order. The
+ * weights rounded to bf16 are a bf16 model's own arithmetic (HF casts the softmax to the
+ * query's dtype before multiplying by V). */
+static inline __attribute__((always_inline)) void v_pass_rows(
+        const uint16_t *v, const size_t at[16], int tn, int h, int h0, int g, const int C2, const int R,
+        int r0, const uint32_t *restrict wb, size_t wstride, int p0, float *restrict acc) {
+    __m512 o[3][8];                                  /* R <= 3 rows, 2 x C2 <= 8 vectors each */
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 2 * C2; c++) o[r][c] = _mm512_loadu_ps(acc + ((size_t)h * g + r0 + r) * C2 * 32 + 16 * c);
+    for (int t = 0; t < tn; t += 2) {
+        const int t1 = t + 1 < tn ? t + 1 : t;     /* an odd last token pairs with itself, weight 0 */
+        __m512i x[8];
+        for (int c = 0; c < C2; c++) {
+            __m512i a = _mm512_loadu_si512((const void *)(v + at[t] + 32 * c));
+            __m512i b = _mm512_loadu_si512((const void *)(v + at[t1] + 32 * c));
+            x[2 * c] = _mm512_unpacklo_epi16(a, b);
+            x[2 * c + 1] = _mm512_unpackhi_epi16(a, b);
+        }
+        for (int r = 0; r < R; r++) {
+            __m512bh w = (__m512bh)_mm512_set1_epi32((int)wb[((size_t)(h - h0) * g + r0 + r) * wstride + (p0 + t) / 2]);
+            for (int c = 0; c < 2 * C2; c++) o[r][c] = _mm512_dpbf16_ps(o[r][c], w, (__m512bh)x[c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 2 * C2; c++) _mm512_storeu_ps(acc + ((size_t)h * g + r0 + r) * C2 * 32 + 16 * c, o[r][c]);
+}
+
+/* The V pass of one head's g rows over tn tokens, with `vdpbf16ps` on token pairs: two tokens'
+ * V rows interleaved (unpacklo/hi of 16-bit words: within each 128-bit lane, which puts the
+ * row's elements in the order `v_order` undoes) times the pair of their bf16 weights, the
+ * accumulators of up to 3 rows in registers over the tokens. `wb`: the rows' weights as bf16
+ * (`weights_bf16`), `acc`: float32 accumulators in that order. The weights rounded to bf16
+ * are a bf16 model's own arithmetic (HF casts the softmax to the query's dtype before
+ * multiplying by V). */
+static inline __attribute__((always_inline)) void v_pass_bf16(
+        const void *V, const size_t at[16], int tn, size_t head, int h, int h0, int g, const int C2,
+        const uint32_t *restrict wb, size_t wstride, int p0, float *restrict acc) {
+    const uint16_t *v = (const uint16_t *)V + head;
+    int r0 = 0;
+    for (; r0 + 3 <= g; r0 += 3) v_pass_rows(v, at, tn, h, h0, g, C2, 3, r0, wb, wstride, p0, acc);
+    for (; r0 < g; r0++) v_pass_rows(v, at, tn, h, h0, g, C2, 1, r0, wb, wstride, p0, acc);
+}
+
+/* A softmaxed score row (length L, float32, its row L rounded up to 32 long) as bf16 in place:
+ * word p of the result is the weight of token p (the row's first half is reused; a 32-float
+ * read is in registers before the 32 words it makes are written, at or behind it). */
+static inline void weights_bf16(float *restrict sr, int L) {
+    uint16_t *w = (uint16_t *)sr;
+    for (int p = 0; p < L; p += 32) {
+        __m512 a = _mm512_loadu_ps(sr + p), b = _mm512_loadu_ps(sr + p + 16);
+        _mm256_storeu_si256((__m256i *)(w + p), (__m256i)_mm512_cvtneps_pbh(a));
+        _mm256_storeu_si256((__m256i *)(w + p + 16), (__m256i)_mm512_cvtneps_pbh(b));
+    }
+    if (L & 1) w[L] = 0;           /* an odd last token's pair: its partner weighs nothing */
+}
+
+/* The accumulators of `v_pass_bf16` back in element order, 32 elements a chunk. */
+static inline void v_order(float *restrict o, const int C2) {
+    const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    const __m512i second = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    for (int c = 0; c < C2; c++) {
+        __m512 lo = _mm512_loadu_ps(o + 32 * c), hi = _mm512_loadu_ps(o + 32 * c + 16);
+        _mm512_storeu_ps(o + 32 * c, _mm512_permutex2var_ps(lo, first, hi));
+        _mm512_storeu_ps(o + 32 * c + 16, _mm512_permutex2var_ps(lo, second, hi));
+    }
+}
 #endif
 
 static inline __attribute__((always_inline)) void unit_vec(
@@ -276,6 +346,20 @@ static inline __attribute__((always_inline)) void unit_vec(
     /* output: the weighted sum of V rows, in the same order; a row's d/16 accumulators stay in
      * registers over 16 tokens (the unit's output rows are the running sums between) */
     memset(oi + (size_t)h0 * g * d, 0, sizeof(float) * (size_t)(h1 - h0) * g * d);
+#if defined(__AVX512BF16__)
+    if (bf16) {
+        for (int r = 0; r < (h1 - h0) * g; r++) weights_bf16(s + (size_t)r * stride, L);
+        for (int p0 = 0; p0 < L; p0 += 16) {
+            const int tn = L - p0 < 16 ? L - p0 : 16;
+            size_t at[16];
+            token_rows(tab, p0, tn, bs, row_stride, at);
+            for (int h = h0; h < h1; h++)
+                v_pass_bf16(V, at, tn, (size_t)h * d, h, h0, g, C / 2, (const uint32_t *)s, stride, p0, oi);
+        }
+        for (int r = h0 * g; r < h1 * g; r++) v_order(oi + (size_t)r * d, C / 2);
+        return;
+    }
+#endif
     for (int p0 = 0; p0 < L; p0 += 16) {
         const int tn = L - p0 < 16 ? L - p0 : 16;
         size_t at[16];
@@ -320,7 +404,7 @@ static size_t score_stride(const int32_t *ctx, int D) {
     int max_ctx = 0;
     for (int i = 0; i < D; i++)
         if (ctx[i] > max_ctx) max_ctx = ctx[i];
-    return ((size_t)max_ctx + 15) & ~(size_t)15;
+    return ((size_t)max_ctx + 31) & ~(size_t)31;      /* 32: `weights_bf16` converts 32 at a time */
 }
 
 static float *scratch(int per, int g, size_t stride, int d) {
