@@ -113,7 +113,7 @@ in flight (plain path, a GIL turn per torch call) took 10-31 ms to give up. Two 
 reads come after the phase (`server_ttfts`), and the recorder's chunks carry a mask of their
 request ids, so a read unpacks only the chunks that may hold the request. Pooled client p95
 ratio, 3 rounds each: 1.144 / 1.311 / 1.499 / 1.384 before; 1.154 / 1.151 / 1.178 / 1.113 after
-(loaded p95 44.6-48.5 ms against 50.9-59.6, unloaded 37.9-41.2 against 39.3-46.8); every low
+(loaded p95 42.2-48.5 ms against 53.5-59.6, unloaded 37.9-41.2 against 39.3-46.8); every low
 request completed. The server's change alone does it: the old client (reads in the phase)
 against the new server, 1.160 / 1.110. A recorded run after: the step in flight's residual p95 4.5 ms (was 11.1),
 the arrival's own step p95 36.3 ms loaded against 34.9 unloaded. ``--switch-interval 0.001``:
