@@ -45,7 +45,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import aiohttp  # noqa: E402
-from serverproc import cpu_name, free_port, start_server, stop_server  # noqa: E402
+from serverproc import cpu_name, free_port, start_server, stop_server, wait_up  # noqa: E402
 
 WORDS = ("the river runs past an old mill where children played every summer while their parents "
          "worked in the fields and talked about the weather the harvest the prices at the market "
@@ -115,35 +115,17 @@ def client(url: str, load: str, n: int) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["texts_per_s"]
 
 
-async def wait_for(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    end = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < end:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}")
-            try:
-                async with http.get(url) as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.5)
-    raise TimeoutError(f"{url} did not come up")
-
-
 def serve_and_measure(name: str, args: argparse.Namespace, path: str, log: Any) -> dict[str, float]:
     port = free_port()
     if name == "actorserve":
         proc = start_server(port, *args.actorserve_args.split(), stdout=log, stderr=log)
-        health = f"http://127.0.0.1:{port}/health"
     else:
         cli = os.path.join(os.path.dirname(args.infinity_python), "infinity_emb")
         proc = subprocess.Popen([cli, "v2", "--model-id", path, "--engine", "torch", "--device", "cpu",
                                  "--url-prefix", "/v1", "--host", "127.0.0.1", "--port", str(port)],
                                 stdout=log, stderr=log)
-        health = f"http://127.0.0.1:{port}/health"          # outside the /v1 prefix
     try:
-        asyncio.run(wait_for(health, proc))
+        asyncio.run(wait_up(f"http://127.0.0.1:{port}", proc))    # both answer /health (infinity's outside /v1)
         return {load: client(f"http://127.0.0.1:{port}/v1", load, args.texts) for load in args.loads.split(",")}
     finally:
         stop_server(proc)

@@ -233,8 +233,6 @@ class FlightRecorder:
     def events(self, *, rid: str | None = None, kind: str | None = None) -> list[Event]:
         out = []
         for seq, t in self.ring.entries() if rid is None else self.ring.entries(rid):
-            if rid is not None and t[1] != rid:
-                continue
             if kind is not None and (t[2] if len(t) != 4 else "message") != kind:
                 continue
             out.append(_event(seq, t))

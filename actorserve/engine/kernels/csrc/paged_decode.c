@@ -235,12 +235,8 @@ static inline __attribute__((always_inline)) void scores_bf16(
     }
 }
 
-/* The V pass of one head's g rows over tn tokens, with `vdpbf16ps` on token pairs: two tokens'
- * V rows interleaved (unpacklo/hi of 16-bit words: within each 128-bit lane, which puts the
- * row's elements in the order `V_ORDER` undoes) times the pair of their bf16 weights. `wb`: the
- * rows' weights as bf16 (`weights_bf16`), `acc`: float32 accumulators in that order. The
- * weights rounded to bf16 are a bf16 model's own arithmetic (HF casts the softmax to the
- * query's dtype before multiplying by V). */
+/* `v_pass_bf16` for the R query rows from r0 (R a constant, so their accumulators stay in
+ * registers over the tile's tokens). */
 static inline __attribute__((always_inline)) void v_pass_rows(
         const uint16_t *v, const size_t at[16], int tn, int h, int h0, int g, const int C2, const int R,
         int r0, const uint32_t *restrict wb, size_t wstride, int p0, float *restrict acc) {
