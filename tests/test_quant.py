@@ -212,6 +212,53 @@ def test_bf16_activations_take_the_dot_product_path_and_agree_with_the_float_pat
         assert (diff <= floats.float().abs() * 2 ** -7 + 1e-4).all(), (rows, diff.max())
 
 
+def test_the_b16_superblocks_hold_the_same_nibbles_and_multiply_any_width_like_the_row_kernel():
+    """`repack_b16` regroups the q4 nibbles 16 output rows a superblock (`csrc/q4b16.c`): each
+    dword's nibble s is weight 8j + 2s (low half) and 8j + 2s + 1 (high half). Products of
+    bfloat16 rows through it equal the dense product with the dequantized weights and the row
+    kernel's up to summation order, at every width (tiles of 8 and a remainder), with float32
+    or bfloat16 outputs; the step pool's split changes no bit; float32 rows go dense."""
+    ql = _linear("q4", 208, 352, seed=11)        # 13 blocks of 16 rows, 11 groups
+    lib = ql.lib
+    if not lib.b16:
+        pytest.skip("this CPU has no avx512_bf16: the superblock kernel is not built")
+    q, d, m = ql.w.q, ql.w.d, ql.w.m
+    sb = quant.repack_b16(q, d, m)
+    assert sb.shape == (13, 11, 320)
+    qs = q.reshape(208, 11, 16).int()
+    weights = torch.cat([qs & 0xF, qs >> 4], dim=-1)            # [N, G, 32] in order
+    for blk, n, g, j, s_ in [(0, 0, 0, 0, 0), (3, 5, 7, 2, 3), (12, 15, 10, 3, 1)]:
+        word = int(sb[blk, g, 64 * j + 4 * n: 64 * j + 4 * n + 4].view(torch.int32)[0]) & 0xFFFFFFFF
+        row = 16 * blk + n
+        assert (word >> (4 * s_)) & 0xF == weights[row, g, 8 * j + 2 * s_]
+        assert (word >> (16 + 4 * s_)) & 0xF == weights[row, g, 8 * j + 2 * s_ + 1]
+    assert torch.equal(sb[2, 4, 256:288].view(torch.float16), d[32:48, 4])
+    assert torch.equal(sb[2, 4, 288:320].view(torch.float16), m[32:48, 4])
+    w = quant._Weights(4, q, d, m, ql.w.bias)
+    w.use_b16(rows=100)
+    assert w.kind == 4 | quant.B16 and w.max_rows == 100
+    ql.w.max_rows = 100                                  # the row kernel, 8 rows a pass
+    deq = quant.dequantize_q4(q, d, m)
+    pool = quant.StepPool(workers=1)
+    for rows in [*range(1, 10), 16, 17, 33, 64, 71]:
+        x = (torch.randn(rows, 352) * 2).bfloat16()
+        want = F.linear(x.float(), deq, ql.module.bias.float())
+        got, row = w.run(lib, x), ql(x)
+        torch.testing.assert_close(got.float(), want.bfloat16().float(), atol=2e-2, rtol=2e-2)
+        diff = (got.float() - row.float()).abs()
+        assert (diff <= row.float().abs() * 2 ** -7 + 1e-4).all(), (rows, diff.max())
+        with pool:
+            assert torch.equal(w.run(lib, x), got)
+        y = torch.empty(rows, 208)                        # float32 output
+        assert lib.qgemv(w.kind, x.data_ptr(), 1, rows, 352, *w.ptrs, 208, w.bias_ptr, y.data_ptr(), 0, 1) == 0
+        assert (y.bfloat16() - got).abs().max() <= want.abs().max() * 2 ** -7
+    assert w.run(lib, torch.randn(3, 352)) is None      # float32 rows: the dense weight
+    x = torch.randn(2, 352)
+    assert lib.qgemv(w.kind, x.data_ptr(), 0, 2, 352, *w.ptrs, 208, None, torch.empty(2, 208).data_ptr(), 0, 1) == -1
+    assert lib.qgemv(w.kind, x.bfloat16().data_ptr(), 1, 2, 352, *w.ptrs, 200, None,
+                     torch.empty(2, 208).data_ptr(), 0, 1) == -1      # N not a multiple of 16
+
+
 @pytest.mark.parametrize("kind", ["q4", "q8"])
 def test_prefetching_the_weights_ahead_changes_no_bit(kind):
     """Products of one or two rows ask for the weights a few output rows ahead (never past
@@ -289,8 +336,20 @@ def test_a_bf16_load_and_reload_size_the_kernels_for_bf16():
     from actorserve.engine.runners.runner import build_engine
 
     model, _, path = load_model("default", threads=2, dtype=torch.bfloat16, quantization="auto")
-    want = quant.kernel_rows(torch.bfloat16, quant._Lib().bf16_path(-1) == 1)
-    assert want == (quant.DOT_ROWS if "avx512_bf16" in cpu_bf16_flags() else quant.MAX_ROWS)
+    lib = quant._Lib()
+    dot = lib.bf16_path(-1) == 1
+    want = quant.kernel_rows(torch.bfloat16, dot, dot and lib.b16)
+    assert want == (quant.B16_ROWS if "avx512_bf16" in cpu_bf16_flags() else quant.MAX_ROWS)
+    # with avx512_bf16 every q4 weight is in q4b16.c's superblocks (a group's members share its)
+    b16 = "avx512_bf16" in cpu_bf16_flags()
+    layer = model.model.layers[0]
+    qkv = getattr(layer.self_attn, quant.QKV_GROUP)
+    assert (qkv.w.sb16 is not None) == b16 and (layer.mlp.down_proj.forward.w.sb16 is not None) == b16
+    if b16:
+        assert qkv.w.kind == layer.mlp.down_proj.forward.w.kind == 4 | quant.B16
+        k = layer.self_attn.k_proj.forward.w
+        assert k.sb16.untyped_storage().data_ptr() == qkv.w.sb16.untyped_storage().data_ptr()
+        assert model.lm_head.forward.w.sb16 is None          # q8: not this layout
     # the LM head (the GGUF's tied q8 embedding) has no dot path: at most Q8_BF16_ROWS rows
     head = min(want, quant.Q8_BF16_ROWS)
     assert model.lm_head.forward.kind == "q8"
@@ -303,6 +362,7 @@ def test_a_bf16_load_and_reload_size_the_kernels_for_bf16():
     assert model.actorserve_quant.kernel_rows == want
     assert model.lm_head.forward.w.max_rows == head
     assert model.model.layers[-1].self_attn.o_proj.forward.w.max_rows == want
+    assert (model.model.layers[-1].self_attn.o_proj.forward.w.sb16 is not None) == b16
 
 
 def test_a_q8_weight_with_bf16_activations_is_narrower_than_q4s(monkeypatch):

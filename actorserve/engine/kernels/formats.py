@@ -3,7 +3,8 @@
 * q4: GGUF's Q4_1, 32 weights a group along the input, ``w = d * q + m``, q in 0..15 two to a
   byte (byte j of a group: weight j in its low nibble, j + 16 in its high one), d and m float16;
 * q8: GGUF's Q8_0, ``w = d * q``, q int8, d float16;
-* `repack_n16`: q4 regrouped 16 output rows a superblock (`csrc/q4n16.c`, 8-bit activations).
+* `repack_n16`: q4 regrouped 16 output rows a superblock (`csrc/q4n16.c`, 8-bit activations);
+* `repack_b16`: the same, another order of the nibbles (`csrc/q4b16.c`, bfloat16 activations).
 """
 
 from __future__ import annotations
@@ -60,3 +61,20 @@ def repack_n16(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.
     mm = m.reshape(nb, 16, G).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(nb, G, 32)
     return torch.cat([nib, dd, mm], dim=-1).contiguous()
 
+
+
+def repack_b16(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """q4 (packed, d, m) with N a multiple of 16 -> `csrc/q4b16.c`'s superblocks, uint8
+    ``[N/16, G, 320]``: per 16 rows and group, four vectors of the 16 rows' dwords, where
+    nibble s of vector j's low half is weight 8j + 2s and of its high half weight 8j + 2s + 1,
+    then the 16 rows' d and m (float16). The same nibbles, regrouped."""
+    N, half = packed.shape
+    G, nb = half // 16, N // 16
+    p = packed.reshape(N, G, 16).to(torch.int32)
+    q = torch.cat([p & 0xF, p >> 4], dim=-1).reshape(nb, 16, G, 4, 4, 2)     # [.., j, s, e]
+    shift = (4 * torch.arange(4, dtype=torch.int32))[:, None] + torch.tensor([0, 16], dtype=torch.int32)
+    words = (q << shift).sum(dim=(-2, -1), dtype=torch.int64).to(torch.int32)  # [nb, n, G, j]
+    nib = words.permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(nb, G, 256)
+    dd = d.reshape(nb, 16, G).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(nb, G, 32)
+    mm = m.reshape(nb, 16, G).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(nb, G, 32)
+    return torch.cat([nib, dd, mm], dim=-1).contiguous()

@@ -55,10 +55,10 @@ import torch
 
 from . import cbuild
 # the block formats (GGUF's Q4_1 and Q8_0) and the kernels' regroupings of them
-from .formats import GROUP, dequantize_q4, dequantize_q8, quantize_q4, quantize_q8, repack_n16  # noqa: F401
+from .formats import GROUP, dequantize_q4, dequantize_q8, quantize_q4, quantize_q8, repack_b16, repack_n16  # noqa: F401
 from ..runners import dense
 # csrc/qgemv.c's MAXM, and how wide a step the kernels take
-from .widths import DOT_ROWS, KERNEL_ROWS, MAX_ROWS, Q8_BF16_ROWS, _kernel_rows, kernel_rows, weight_rows  # noqa: F401
+from .widths import B16_ROWS, DOT_ROWS, KERNEL_ROWS, MAX_ROWS, Q8_BF16_ROWS, _kernel_rows, kernel_rows, weight_rows  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ EXACT_TOL = 1e-5        # auto: a linear is "exact" when its re-quantized weight
 ACT8 = 16               # csrc/qgemv.c's QG_ACT8: a product of 8-bit activations (act8.c)
 N16 = 32                # csrc/qgemv.c's QG_N16: with ACT8, q4 in q4n16.c's superblocks
 N16_MAX_ROWS = 65536    # its N16_MAXM: the superblock kernel takes prefill too
+B16 = 64                # csrc/qgemv.c's QG_B16: q4 in q4b16.c's superblocks, bfloat16 activations
 
 
 def _parallel_min() -> int:
@@ -106,6 +107,7 @@ class _Lib:
         self.prefetch.argtypes = [i]
         self.prefetch.restype = ctypes.c_int
         self.act8_simd = bool(lib.qgemv_act8_simd())
+        self.b16 = bool(lib.qgemv_b16())     # q4b16.c's kernel is built (avx512_bf16)
         self.qpool_active = lib.qpool_active
         self.qpool_active.argtypes = [i, i]
         self.qpool_active.restype = ctypes.c_int
@@ -152,14 +154,16 @@ class _Weights:
     float32 bias, and their addresses, taken once (the tensors never move). With `act8` the
     products round their activations to 8 bits; a q4 weight whose N is a multiple of 16 is then
     also held in `q4n16.c`'s superblocks (`sb`, or given: a group's members share its), which
-    take any number of rows (prefill too), not only `MAX_ROWS`."""
+    take any number of rows (prefill too), not only `MAX_ROWS`. A q4 weight of a bfloat16 model
+    whose N is a multiple of 16 is held in `q4b16.c`'s superblocks as well (`sb16`, set by
+    `use_b16`): its products of bfloat16 rows take that kernel, up to `B16_ROWS` rows."""
 
     def __init__(self, bits: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
                  bias: torch.Tensor | None, act8: bool = False, sb: torch.Tensor | None = None) -> None:
         self.bits, self.q, self.d, self.m, self.bias, self.act8 = bits, q, d, m, bias, act8
         self.N = q.shape[0]
         self.K = q.shape[1] * (8 // bits)
-        self.sb = None
+        self.sb = self.sb16 = None
         if act8 and bits == 4 and self.N % 16 == 0 and m is not None:
             self.sb = sb if sb is not None else repack_n16(q, d, m)
         self.kind = bits | (ACT8 if act8 else 0) | (N16 if self.sb is not None else 0)   # what the kernel is told
@@ -169,9 +173,23 @@ class _Weights:
         if self.sb is not None and _act8_simd():     # the portable loops are too slow for prefill
             self.max_rows = N16_MAX_ROWS
 
+    def b16_able(self) -> bool:
+        """Whether this weight can take `q4b16.c`'s superblocks (q4, no 8-bit activations, N a
+        multiple of 16)."""
+        return self.bits == 4 and not self.act8 and self.m is not None and self.N % 16 == 0
+
+    def use_b16(self, sb16: torch.Tensor | None = None, rows: int = B16_ROWS) -> None:
+        """Hold the weights in `q4b16.c`'s superblocks too (`sb16`, or given: a group's members
+        share its) and send bfloat16 products of up to `rows` rows there."""
+        self.sb16 = sb16 if sb16 is not None else repack_b16(self.q, self.d, self.m)
+        self.kind = 4 | B16
+        self.max_rows = rows
+        self.rebind()
+
     def rebind(self) -> None:
         """Take the tensors' addresses (again: `memory_release` reallocates them at a resume)."""
-        q, d, m = self.q if self.sb is None else self.sb, self.d, self.m
+        q = self.sb if self.sb is not None else self.sb16 if self.sb16 is not None else self.q
+        d, m = self.d, self.m
         self.ptrs = (q.data_ptr(), d.data_ptr(), None if m is None else m.data_ptr())
         self.bias_ptr = None if self.bias is None else self.bias.data_ptr()
 
@@ -182,6 +200,8 @@ class _Weights:
         rows = x.numel() // K if K else 0
         if rows == 0 or rows > self.max_rows or x.dtype not in _KERNEL_DTYPES or x.requires_grad:
             return None
+        if self.sb16 is not None and x.dtype is not torch.bfloat16:
+            return None                 # the superblock kernel reads bfloat16 only: dense
         x2 = x.reshape(rows, K)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
@@ -271,6 +291,20 @@ class QuantGroup:
         return QuantGroup(qls)
 
 
+def _b16_group(group: QuantGroup, rows: int) -> None:
+    """Give `group` `q4b16.c`'s superblocks, its members views of them (each member's N a
+    multiple of 16: else each its own)."""
+    if not group.w.b16_able():
+        return
+    group.w.use_b16(rows=rows)
+    at = 0
+    for ql in group.members:
+        w = ql.w
+        if w.b16_able():
+            w.use_b16(group.w.sb16[at // 16:(at + w.N) // 16] if at % 16 == 0 else None, rows)
+        at += w.N
+
+
 # Attributes quantize_model sets on a model's modules, read by the paged runner's forward.
 QKV_GROUP = "_actorserve_qkv"           # on an attention module with q/k/v_proj
 GATE_UP_GROUP = "_actorserve_gate_up"   # on an MLP with gate_proj and up_proj
@@ -295,6 +329,7 @@ class QuantReport:
     max_rel_err: float          # max |dequantized - dense| / max |dense| over the quantized layers
     asked: str = ""             # the --quantization value (auto, q4, q4a8)
     kernel_rows: int = MAX_ROWS  # the widest step through the kernels
+    b16: bool = False           # the q4 weights are in q4b16.c's superblocks (bfloat16 activations)
 
     def describe(self) -> str:
         how = f"auto -> {self.mode}" if self.asked == "auto" else self.mode
@@ -352,18 +387,27 @@ def quantize_model(model: Any, mode: str | None, dtype: torch.dtype | None = Non
     if mode == "q4a8" and not lib.act8_simd:
         log.warning("q4a8: this CPU has no avx512_vnni, so its products run as portable C loops "
                     "(slower than q4; prefill keeps the dense weights)")
-    rows = MAX_ROWS
+    rows, b16 = MAX_ROWS, False
     if mode != "q4a8":
         if dtype is None:
             dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
         dot = lib.bf16_path(-1) == 1
-        rows = kernel_rows(dtype, dot)
+        b16 = dot and lib.b16 and dtype is torch.bfloat16
+        rows = kernel_rows(dtype, dot, b16)
         for mod in model.modules():
             ql = getattr(mod, "forward", None) if isinstance(mod, torch.nn.Linear) else None
-            for w in [ql.w] if isinstance(ql, QuantLinear) else \
-                    [g.w for g in (getattr(mod, QKV_GROUP, None), getattr(mod, GATE_UP_GROUP, None)) if g is not None]:
-                if w.sb is None:
+            groups = [g for g in (getattr(mod, QKV_GROUP, None), getattr(mod, GATE_UP_GROUP, None)) if g is not None]
+            for w in [ql.w] if isinstance(ql, QuantLinear) else [g.w for g in groups]:
+                if w.sb is None and w.sb16 is None:
                     w.max_rows = weight_rows(w.bits, dtype, dot)
-    report = QuantReport(mode, layers, skipped, qbytes, dbytes, err, asked, rows)
+            if b16:
+                for g in groups:
+                    _b16_group(g, rows)
+        if b16:                 # the linears outside a group (o_proj, down_proj)
+            for mod in model.modules():
+                ql = getattr(mod, "forward", None) if isinstance(mod, torch.nn.Linear) else None
+                if isinstance(ql, QuantLinear) and ql.w.sb16 is None and ql.w.b16_able():
+                    ql.w.use_b16(rows=rows)
+    report = QuantReport(mode, layers, skipped, qbytes, dbytes, err, asked, rows, mode != "q4a8" and b16)
     log.info("quantization %s", report.describe())
     return report

@@ -12,9 +12,17 @@ MAX_ROWS = 8            # csrc/qgemv.c's MAXM: rows a pass over each weight row
 
 
 DOT_ROWS = 16   # the widest step through the kernels when bf16 activations take the dot path
+# ... and when the q4 weights are in q4b16.c's superblocks (`quant._Weights.use_b16`): there the
+# fused step beat the packed dense weight at every width measured. SmolLM2 greedy decode steps,
+# ms, kernel vs dense (`benchmarks/quant_decode.py --configs bf16,q4_bf16 --batches
+# 1,8,16,32,64,128,256 --no-variants --prefill 0`, the 2-core AMD EPYC, 2026-12-07): 8 rows 14.0
+# vs 44.1, 32 rows 39.7 vs 65.5, 64 rows 75.7 vs 142.0, 128 rows 137.5 vs 217.2, 256 rows 294.6
+# vs 338.0. A prompt's prefill as decode rows (one prompt, best of 5): 64 tokens 91 vs 122 ms,
+# 128 tokens 182 vs 182, 250 tokens 228 vs 292.
+B16_ROWS = 256
 
 
-def kernel_rows(dtype: torch.dtype | None = None, dot_path: bool = False) -> int:
+def kernel_rows(dtype: torch.dtype | None = None, dot_path: bool = False, b16: bool = False) -> int:
     """The widest step whose q4/q8 products take the C kernels, for a model of `dtype` whose
     bf16 activations take the dot-product path (`dot_path`: `_Lib.bf16_path`). There, one
     fused call a step of up to 16 rows beats the packed dense weight (SmolLM2 decode steps on
@@ -25,7 +33,9 @@ def kernel_rows(dtype: torch.dtype | None = None, dot_path: bool = False) -> int
     ``ACTORSERVE_Q4_ROWS`` sets another width either way."""
     if os.environ.get("ACTORSERVE_Q4_ROWS"):
         return _kernel_rows()
-    return DOT_ROWS if dtype is torch.bfloat16 and dot_path else MAX_ROWS
+    if dtype is torch.bfloat16 and dot_path:
+        return B16_ROWS if b16 else DOT_ROWS
+    return MAX_ROWS
 
 
 def _kernel_rows() -> int:

@@ -26,8 +26,9 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
     if report.mode == "q4a8":
         act = "8-bit activations, avx512_vnni"
     elif dtype is torch.bfloat16 and "avx512_bf16" in cpu_bf16_flags():
-        act = ("bf16 activations: q4 through avx512_bf16 dot products; the q8 LM head in float32 up "
-               f"to {Q8_BF16_ROWS} rows, dense from {Q8_BF16_ROWS + 1} (widths.Q8_BF16_ROWS)")
+        layout = "16 output rows a register (q4b16 superblocks)" if report.b16 else "one output row at a time"
+        act = (f"bf16 activations: q4 through avx512_bf16 dot products, {layout}; the q8 LM head in "
+               f"float32 up to {Q8_BF16_ROWS} rows, dense from {Q8_BF16_ROWS + 1} (widths.Q8_BF16_ROWS)")
     else:
         act = "float activations"
     why = ("auto: the weights re-quantize exactly (they came from GGUF Q4_1/Q8_0 blocks), so the "
@@ -35,11 +36,13 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
     rows = MAX_ROWS if report.mode == "q4a8" else report.kernel_rows
     paths = {f"decode <= {MAX_ROWS} rows": f"q4/q8 C kernels ({act}), one fused C call a step ({why})"}
     if rows > MAX_ROWS:
-        paths[f"decode {MAX_ROWS + 1}-{rows} rows"] = (f"q4/q8 C kernels ({act}), {MAX_ROWS} rows a pass "
-                                                      "over each weight row (read once a step), one fused C "
-                                                      "call a step")
+        how = ("8 input rows a tile against each superblock" if report.b16
+               else f"{MAX_ROWS} rows a pass over each weight row")
+        paths[f"decode {MAX_ROWS + 1}-{rows} rows"] = (f"q4/q8 C kernels ({act}), {how} (the weights read "
+                                                      "once a step), one fused C call a step")
+    measured = "widths.B16_ROWS" if report.b16 else "quant.KERNEL_ROWS"
     paths[f"steps > {rows} rows (wide decode)"] = (f"{dense_path}: from {rows + 1} rows as fast as the "
-                                                   "kernels or faster (measured: quant.KERNEL_ROWS)")
+                                                   f"kernels or faster (measured: {measured})")
     paths["prefill"] = ("q4n16 superblocks with 8-bit activations" if report.mode == "q4a8" and _act8_simd()
                         else f"{dense_path}; a step of at most {rows} tokens with a prompt chunk runs as "
                              "decode rows (the kernels above, each prompt row attending at its own length "

@@ -274,6 +274,19 @@ class PagedLlamaRunner(_SamplingRunner):
              lora: LoraStep | None = None) -> list[SeqOutput]:
         h = self._forward(plan, lora)
         self._check_preempt(len(self.layers))         # the last boundary: before any sampling
+        if self._pooled and not kernel_takes(self.lm_head, len(batch)):
+            # a pooled step too wide for the head's kernel: the head and the sampling are
+            # torch's, on all the runner's threads with the step pool asleep (SmolLM2 at 64
+            # rows: the sampling alone took ~10 ms on one thread beside the spinning worker)
+            self._pooled = False
+            with self.step_pool.paused(), _torch_threads(self.threads):
+                return self._tail(plan, batch, outputs, h)
+        return self._tail(plan, batch, outputs, h)
+
+    def _tail(self, plan: StepPlan, batch: list[tuple[Sequence, int]], outputs: list[SeqOutput],
+              h: torch.Tensor) -> list[SeqOutput]:
+        """After the layers: prompt logprobs, speculation's verification, the head and the
+        sampling of the members whose step ends a token."""
         owed = prompt_lp.owed_rows(batch, plan.last_rows)
         if owed:      # the prompt rows of sequences that asked for prompt logprobs
             prompt_lp.score_rows(owed, lambda a, b: self._logits(self.base.norm(h[a:b])))

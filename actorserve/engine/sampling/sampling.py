@@ -273,8 +273,9 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
     raw, work, greedy, plain, trunc = _plan(logits, seqs)
     tokens = [0] * len(seqs)
 
-    if greedy:
-        for i, t in zip(greedy, work[greedy].argmax(dim=-1).tolist()):
+    if greedy:          # every row greedy: no copy of the rows first (25 MB at 128 rows)
+        rows = work if len(greedy) == len(seqs) else work[greedy]
+        for i, t in zip(greedy, rows.argmax(dim=-1).tolist()):
             tokens[i] = t
     if plain:
         probs = torch.softmax(_scaled(work, plain, seqs), dim=-1)

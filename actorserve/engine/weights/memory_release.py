@@ -97,12 +97,12 @@ def _weight_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
         for what, obj in held:
             if not isinstance(obj, (QuantLinear, QuantGroup)):
                 continue
-            for part in ("q", "d", "m", "sb", "bias"):
+            for part in ("q", "d", "m", "sb", "sb16", "bias"):
                 t = getattr(obj.w, part, None)
                 if isinstance(t, torch.Tensor):
                     out.append((f"{mname}.{what}.{part}", t))
             for i, member in enumerate(getattr(obj, "members", ())):
-                for part in ("q", "d", "m", "sb", "bias"):
+                for part in ("q", "d", "m", "sb", "sb16", "bias"):
                     t = getattr(member.w, part, None)
                     if isinstance(t, torch.Tensor):
                         out.append((f"{mname}.{what}.{i}.{part}", t))

@@ -15,6 +15,7 @@
 #include "lora.c"
 
 #define ATTENTION_PARALLEL_MIN ((size_t)1 << 18)   /* K elements: paged_decode.c's threshold */
+#define ATTENTION_POOL_MIN ((size_t)1 << 14)       /* K elements: over the spinning step pool */
 
 typedef int (*attention_fn)(const float *q, const void *K, const void *V, int bf16,
                             const int32_t *table, int nb, const int32_t *ctx, int D, int nkv, int g,
@@ -79,6 +80,76 @@ static void attn_units(const void *ext, int w0, int w1) {
         atomic_store(&a->failed, 1);
 }
 
+/* The element-wise work of a layer, by rows: `fn` over rows [r0, r1) of the step. */
+typedef struct {
+    const step_t *S;
+    const layer_t *l, *next;   /* this layer; the next one (its input norm), or NULL at the last */
+    int what;                  /* ROWS_QKV, ROWS_ATTN_OUT, ROWS_POST_NORM, ROWS_SILU, ROWS_NEXT */
+} rows_job_t;
+
+enum { ROWS_QKV, ROWS_ATTN_OUT, ROWS_POST_NORM, ROWS_SILU, ROWS_NEXT };
+
+static inline float load_el(const void *p, size_t i, int bf16);
+static inline void store_el(void *p, size_t i, float v, int bf16);
+
+static void rows_units(const void *ext, int r0, int r1) {
+    const rows_job_t *j = (const rows_job_t *)ext;
+    const step_t *S = j->S;
+    const layer_t *l = j->l;
+    const int D = S->D, nh = S->nh, nkv = S->nkv, hd = S->hd, I = S->inter, bf16 = S->bf16;
+    const int nq = nh * hd, nk = nkv * hd, nqkv = nq + 2 * nk, es = bf16 ? 2 : 4, n = r1 - r0;
+    switch (j->what) {
+    case ROWS_QKV: {            /* RoPE on q and k, K/V into the cache, q to float32 */
+        char *at = (char *)S->qkv + (size_t)r0 * nqkv * es;
+        const char *c = (const char *)S->cos + (size_t)r0 * S->rd * es, *sn = (const char *)S->sin + (size_t)r0 * S->rd * es;
+        rope(at, nqkv, n, nh, hd, c, sn, S->rd, bf16);
+        rope(at + (size_t)nq * es, nqkv, n, nkv, hd, c, sn, S->rd, bf16);
+        for (int t = r0; t < r1; t++) {
+            const char *row = (const char *)S->qkv + (size_t)t * nqkv * es;
+            memcpy((char *)l->k_cache + (size_t)S->slots[t] * nk * es, row + (size_t)nq * es, (size_t)nk * es);
+            memcpy((char *)l->v_cache + (size_t)S->slots[t] * nk * es, row + (size_t)(nq + nk) * es, (size_t)nk * es);
+            for (int i = 0; i < nq; i++) S->qf[(size_t)t * nq + i] = load_el(row, i, bf16);
+        }
+        break;
+    }
+    case ROWS_ATTN_OUT:
+        for (size_t i = (size_t)r0 * nq; i < (size_t)r1 * nq; i++) store_el(S->attn, i, S->of[i], bf16);
+        break;
+    case ROWS_POST_NORM:
+        add_rmsnorm((char *)S->h + (size_t)r0 * D * es, (const char *)S->o + (size_t)r0 * D * es, D,
+                    l->post_norm, l->post_eps, (char *)S->x + (size_t)r0 * D * es, D, n, D, bf16);
+        break;
+    case ROWS_SILU:
+        silu_mul(S->gu, S->act, I, r0, r1, bf16);
+        break;
+    case ROWS_NEXT:
+        if (j->next) {
+            add_rmsnorm((char *)S->h + (size_t)r0 * D * es, (const char *)S->o + (size_t)r0 * D * es, D,
+                        j->next->in_norm, j->next->in_eps, (char *)S->x + (size_t)r0 * D * es, D, n, D, bf16);
+        } else {
+            for (size_t i = (size_t)r0 * D; i < (size_t)r1 * D; i++)
+                store_el(S->h, i, load_el(S->h, i, bf16) + load_el(S->o, i, bf16), bf16);
+        }
+        break;
+    }
+}
+
+/* Rows [0, T) of `what` for layer l: shared out over the step pool while it spins (a step of
+ * several rows), else here. Each row is computed by one thread with the same code: the same
+ * bits either way. */
+static void by_rows(const step_t *S, const layer_t *l, const layer_t *next, int what) {
+    rows_job_t r = {S, l, next, what};
+    if (S->T < 2) {
+        rows_units(&r, 0, S->T);
+        return;
+    }
+    job_t job = {0};
+    job.ext_fn = rows_units;
+    job.ext = &r;
+    job.n1 = S->T;
+    spread(&job, 1, 1);
+}
+
 static int product(const qmat_t *w, const void *x, int M, void *y, int bf16) {
     return qgemv(w->bits, x, bf16, M, w->K, w->q, w->d, w->m, w->N, w->bias, y, bf16, 1);
 }
@@ -107,8 +178,12 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
      * worker would hold the core its OpenMP thread needs, so it sleeps through attention then */
     size_t total = 0;
     for (int t = 0; t < T; t++) total += (size_t)S->ctx[t];
-    const int big = S->nthreads > 1 && total * (size_t)nkv * (size_t)hd >= ATTENTION_PARALLEL_MIN;
-    const int pooled = big && S->attention_part && atomic_load(&pool.active) && pool.workers > 0;
+    const size_t elements = total * (size_t)nkv * (size_t)hd;
+    const int big = S->nthreads > 1 && elements >= ATTENTION_PARALLEL_MIN;
+    /* the pool's threads spin through the step anyway: sharing the attention out costs them a
+     * hand-off, not a wake-up, so it pays from far fewer elements than OpenMP's team does */
+    const int pooled = S->nthreads > 1 && elements >= ATTENTION_POOL_MIN && S->attention_part
+                       && atomic_load(&pool.active) && pool.workers > 0;
     const int pause = big && !pooled && atomic_load(&pool.active);
     /* pooled: whole sequences when each thread gets several, else a unit per KV head */
     const int split = T < 4 * (pool.workers + 1) ? nkv : 1;
@@ -120,14 +195,7 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
         const lora_out_t qkv[3] = {{0, nq, nqkv, S->qkv}, {1, nk, nqkv, (char *)S->qkv + (size_t)nq * es},
                                    {2, nk, nqkv, (char *)S->qkv + (size_t)(nq + nk) * es}};
         if (deltas(S, li, S->x, D, D, 3, qkv)) return -1;
-        rope(S->qkv, nqkv, T, nh, hd, S->cos, S->sin, S->rd, bf16);
-        rope((char *)S->qkv + (size_t)nq * es, nqkv, T, nkv, hd, S->cos, S->sin, S->rd, bf16);
-        for (int t = 0; t < T; t++) {                   /* K/V into the cache, q to float32 */
-            const char *row = (const char *)S->qkv + (size_t)t * nqkv * es;
-            memcpy((char *)l->k_cache + (size_t)S->slots[t] * nk * es, row + (size_t)nq * es, (size_t)nk * es);
-            memcpy((char *)l->v_cache + (size_t)S->slots[t] * nk * es, row + (size_t)(nq + nk) * es, (size_t)nk * es);
-            for (int i = 0; i < nq; i++) S->qf[(size_t)t * nq + i] = load_el(row, i, bf16);
-        }
+        by_rows(S, l, NULL, ROWS_QKV);
         if (pooled) {
             attn_job_t a = {S, l, split, 0};
             job_t job = {0};
@@ -143,32 +211,19 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
             if (pause) qpool_active(1, 0);
             if (rc) return -1;
         }
-        for (size_t i = 0; i < (size_t)T * nq; i++) store_el(S->attn, i, S->of[i], bf16);
+        by_rows(S, l, NULL, ROWS_ATTN_OUT);
         if (product(&l->o, S->attn, T, S->o, bf16)) return -1;
         const lora_out_t o[1] = {{3, D, D, S->o}};
         if (deltas(S, li, S->attn, nq, nq, 1, o)) return -1;
-        add_rmsnorm(S->h, S->o, D, l->post_norm, l->post_eps, S->x, D, T, D, bf16);
+        by_rows(S, l, NULL, ROWS_POST_NORM);
         if (product(&l->gate_up, S->x, T, S->gu, bf16)) return -1;
         const lora_out_t gu[2] = {{4, I, 2 * I, S->gu}, {5, I, 2 * I, (char *)S->gu + (size_t)I * es}};
         if (deltas(S, li, S->x, D, D, 2, gu)) return -1;
-        for (int t = 0; t < T; t++) {                   /* SiLU(gate) * up, each rounded as torch's */
-            const size_t g0 = (size_t)t * 2 * I, a0 = (size_t)t * I;
-            for (int i = 0; i < I; i++) {
-                const float g = load_el(S->gu, g0 + i, bf16), u = load_el(S->gu, g0 + I + i, bf16);
-                float s = g / (1.0f + expf(-g));
-                if (bf16) s = bf16_through(s);
-                store_el(S->act, a0 + i, s * u, bf16);
-            }
-        }
+        by_rows(S, l, NULL, ROWS_SILU);               /* SiLU(gate) * up, each rounded as torch's */
         if (product(&l->down, S->act, T, S->o, bf16)) return -1;
         const lora_out_t down[1] = {{6, D, D, S->o}};
         if (deltas(S, li, S->act, I, I, 1, down)) return -1;
-        if (li + 1 < n) {
-            add_rmsnorm(S->h, S->o, D, L[li + 1].in_norm, L[li + 1].in_eps, S->x, D, T, D, bf16);
-        } else {
-            for (size_t i = 0; i < (size_t)T * D; i++)
-                store_el(S->h, i, load_el(S->h, i, bf16) + load_el(S->o, i, bf16), bf16);
-        }
+        by_rows(S, l, li + 1 < n ? &L[li + 1] : NULL, ROWS_NEXT);   /* the residual, the next norm */
     }
     return 0;
 }

@@ -111,3 +111,75 @@ void rope(void *x, long row_stride, int rows, int heads, int d, const void *cos,
         }
     }
 }
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* 16 bfloat16 numbers widened to float32 */
+static inline __m512 bf16x16_load(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* bf16_round of 16 numbers (nearest even; a NaN stays a quiet NaN) */
+static inline __m256i bf16x16_round(__m512 v) {
+    const __m512i b = _mm512_castps_si512(v);
+    __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                    _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1))));
+    r = _mm512_srli_epi32(r, 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* e^x for 16 numbers: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for e^r (the
+ * classic single-precision minimax coefficients), scaled by 2^n with vscalefps, which also
+ * gives inf and 0 past float32's range. Within 2 ulp of expf. */
+static inline __m512 exp16(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* act[t] = SiLU(gate[t]) * up[t] for rows [r0, r1) of gu [rows, 2I] (gate, then up): HF's
+ * act_fn(gate) * up, SiLU rounded to the tensors' dtype before the multiply as torch's is. */
+void silu_mul(const void *gu, void *act, int I, int r0, int r1, int bf16) {
+    for (int t = r0; t < r1; t++) {
+        const size_t g0 = (size_t)t * 2 * I, a0 = (size_t)t * I;
+        int i = 0;
+#if defined(__AVX512F__)
+        const __m512 one = _mm512_set1_ps(1.0f);
+        for (; i + 16 <= I; i += 16) {
+            if (bf16) {
+                const __m512 g = bf16x16_load((const uint16_t *)gu + g0 + i);
+                const __m512 u = bf16x16_load((const uint16_t *)gu + g0 + I + i);
+                const __m512 sl = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+                const __m512 sr = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16_round(sl)), 16));
+                _mm256_storeu_si256((__m256i *)((uint16_t *)act + a0 + i), bf16x16_round(_mm512_mul_ps(sr, u)));
+            } else {
+                const __m512 g = _mm512_loadu_ps((const float *)gu + g0 + i);
+                const __m512 u = _mm512_loadu_ps((const float *)gu + g0 + I + i);
+                const __m512 sl = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+                _mm512_storeu_ps((float *)act + a0 + i, _mm512_mul_ps(sl, u));
+            }
+        }
+#endif
+        for (; i < I; i++) {
+            if (bf16) {
+                const float g = bf16_load((const uint16_t *)gu, g0 + i), u = bf16_load((const uint16_t *)gu, g0 + I + i);
+                ((uint16_t *)act)[a0 + i] = bf16_round(bf16_through(g / (1.0f + expf(-g))) * u);
+            } else {
+                const float g = ((const float *)gu)[g0 + i], u = ((const float *)gu)[g0 + I + i];
+                ((float *)act)[a0 + i] = g / (1.0f + expf(-g)) * u;
+            }
+        }
+    }
+}

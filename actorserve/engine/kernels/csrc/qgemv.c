@@ -270,6 +270,7 @@ static inline uint16_t float_to_bf16(float f) {      /* round to nearest even */
 }
 
 #include "q4n16.c"    /* q4 with 8-bit activations, 16 output rows a register */
+#include "q4b16.c"    /* q4 with bfloat16 activations, 16 output rows a register */
 
 /* One product's output rows [n0, n1), the unit a thread takes. */
 typedef struct {
@@ -280,6 +281,7 @@ typedef struct {
     const float *xd, *xdv;          /* act8: their scales */
     const int32_t *xinit;           /* q8a8: the lanes' starting sums */
     int n16;                        /* q4n16.c's layout: n0, n1 count blocks of 16 rows */
+    int b16;                        /* q4b16.c's layout (xb the bfloat16 input): the same */
     const void *q;
     const uint16_t *d, *m;
     void *y;
@@ -296,6 +298,14 @@ static void run_rows(const job_t *j) {
     const int M = j->M, K = j->K, N = j->N, G = j->G;
     const float *xf = j->xf, *xs = j->xs;
     const uint16_t *d = j->d, *m = j->m;
+#ifdef HAVE_Q4B16
+    if (j->b16) {
+        for (int nb = j->n0; nb < j->n1; nb++)
+            q4b16_block(j->xb, xs, M, K, (const uint8_t *)j->q + (size_t)nb * G * B16_SB,
+                        j->bias, j->y, j->y_bf16, N, nb * 16);
+        return;
+    }
+#endif
     if (j->n16) {
         for (int nb = j->n0; nb < j->n1; nb++)
             q4n16_block(j->xq, j->xd, xs, M, K, (const uint8_t *)j->q + (size_t)nb * G * N16_SB,
@@ -410,6 +420,15 @@ int qgemv_prefetch(int rows) {
     return prefetch_rows;
 }
 
+/* Whether q4b16.c's kernel is built here (avx512_bf16): 1 or 0. */
+int qgemv_b16(void) {
+#ifdef HAVE_Q4B16
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* Whether q4 products of bfloat16 activations take the vdpbf16ps path: on = 0 or 1 sets it
  * (where the CPU has it), -1 only asks. Returns the setting, or -1 where the path is not built. */
 int qgemv_bf16_path(int on) {
@@ -447,23 +466,27 @@ static void pair_order(const uint16_t *x, int M, int K, uint16_t *out) {
 /* y[M, N] = x[M, K] @ W^T (+ bias): `kind` 4 (q4: q packed nibbles, d and m) or 8 (q8: q int8,
  * d; m unused), either with the flag QG_ACT8 (16) multiplying 8-bit activations (act8.c;
  * for q8 the weights are then stored offset, q + 128 as uint8), q4 with QG_ACT8 | QG_N16 (48)
- * in q4n16.c's superblocks; x and y float32 or bfloat16 (the flags), bias float32 or NULL.
+ * in q4n16.c's superblocks, or q4 with QG_B16 (68) in q4b16.c's (bfloat16 x only, where the
+ * CPU has avx512_bf16: `qgemv_b16`); x and y float32 or bfloat16 (the flags), bias float32 or
+ * NULL.
  * x is widened once to float32 (with the per-group sums) before the rows are spread over the
  * threads: the step pool's while it is active, else `nthreads` OpenMP threads.
  * Returns 0, or -1 for a shape it does not take (M outside 1..WIDE_MAXM; 1..8 for act8 rows,
  * 1..N16_MAXM for the
- * superblocks; K not a multiple of 32; N not a multiple of 16 for the superblocks) or no
- * memory. */
+ * superblocks; K not a multiple of 32; N not a multiple of 16 for the superblocks; QG_B16 without
+ * bfloat16 x or where it is not built) or no memory. */
 #define QG_ACT8 16
 #define QG_N16 32       /* with QG_ACT8: q4 in q4n16.c's layout (q: the superblocks; d, m unused) */
+#define QG_B16 64       /* q4 in q4b16.c's layout (q: the superblocks; d, m unused) */
 #define N16_MAXM 65536
 #define WIDE_MAXM 65536   /* q4 and q8 of float activations: any width, MAXM rows a pass */
 
 int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, const uint16_t *d,
           const uint16_t *m, int N, const float *bias, void *y, int y_bf16, int nthreads) {
-    const int act8 = (kind & QG_ACT8) != 0, n16 = kind == (4 | QG_ACT8 | QG_N16);
-    kind &= ~(QG_ACT8 | QG_N16);
-    if (M < 1 || M > (n16 ? N16_MAXM : act8 ? MAXM : WIDE_MAXM) || K % 32 || (kind != 4 && kind != 8) || (n16 && N % 16))
+    const int act8 = (kind & QG_ACT8) != 0, n16 = kind == (4 | QG_ACT8 | QG_N16), b16 = kind == (4 | QG_B16);
+    kind &= ~(QG_ACT8 | QG_N16 | QG_B16);
+    if (M < 1 || M > (n16 || b16 ? N16_MAXM : act8 ? MAXM : WIDE_MAXM) || K % 32 || (kind != 4 && kind != 8)
+            || ((n16 || b16) && N % 16) || (b16 && (!x_bf16 || !qgemv_b16())))
         return -1;
     int G = K / 32;
     /* xf [M, K] and xs [M, G] float32; with act8 also xd [M, G], xdv [M, G/2, 16], xinit
@@ -479,9 +502,9 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         for (int e = 0; e < 32; e++) sum += xf[i * 32 + e];
         xs[i] = sum;
     }
-    const uint16_t *xb = x_bf16 && kind == 4 && bf16_path ? (const uint16_t *)x : NULL;
+    const uint16_t *xb = x_bf16 && kind == 4 && (bf16_path || b16) ? (const uint16_t *)x : NULL;
     uint16_t *xpair = NULL;
-    if (xb) {                   /* the order q4_row_bf16 reads: `pair_order` */
+    if (xb && !b16) {                   /* the order q4_row_bf16 reads: `pair_order` */
         if (!(xpair = malloc(sizeof(uint16_t) * (size_t)M * K))) { free(xf); return -1; }
         pair_order(xb, M, K, xpair);
         xb = xpair;
@@ -498,7 +521,9 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         quantize_act8(xf, M, K, n16 ? 8 : kind, xq, xd, xdv, xinit);
         xb = NULL;
     }
-    job_t job = {kind, M, K, N, G, y_bf16, 0, n16 ? N / 16 : N, xf, xs, bias, xb, xq, xd, xdv, xinit, n16, q, d, m, y};
+    job_t job = {.kind = kind, .M = M, .K = K, .N = N, .G = G, .y_bf16 = y_bf16, .n0 = 0,
+                 .n1 = n16 || b16 ? N / 16 : N, .xf = xf, .xs = xs, .bias = bias, .xb = xb, .xq = xq,
+                 .xd = xd, .xdv = xdv, .xinit = xinit, .n16 = n16, .b16 = b16, .q = q, .d = d, .m = m, .y = y};
     spread(&job, N >= 64, nthreads);
     free(xf);
     free(xpair);
