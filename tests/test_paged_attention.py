@@ -66,3 +66,28 @@ def test_one_length_keeps_one_dense_group():
     plan = plan_step([(s, 1) for s in seqs], BlockTables(bs), 1)
     assert len(plan.decode) == 1 and plan.decode[0].dense
     assert plan.decode[0].rows.tolist() == list(range(5))
+
+
+def test_a_step_lays_chunks_out_as_decode_rows_only_while_their_context_is_short():
+    """`plan_step(..., inplace=True, decode_rows=N)`: a step of at most N tokens holding a fresh
+    prompt's chunk is one dense decode group (every row attends at its own length); the tail of
+    a long prompt, whose rows would read more than `DECODE_ROWS_CONTEXT` tokens in all, stays a
+    chunk."""
+    from actorserve.engine.runners import paged_attention as pa
+
+    bs = 16
+    free = list(range(400))
+    dec = _seq(0, 30, bs, free)
+    fresh = Sequence("fresh", list(range(1, 201)))
+    fresh.block_table = [free.pop() for _ in range(-(-200 // bs))]
+    plan = plan_step([(dec, 1), (fresh, 200)], BlockTables(bs), 1, inplace=True, decode_rows=256)
+    assert not plan.chunks and len(plan.decode) == 1 and plan.decode[0].dense
+    assert plan.decode[0].ctx.tolist() == [30, *range(1, 201)]
+    tail = Sequence("tail", list(range(1, 1001)))
+    tail.block_table = [free.pop() for _ in range(-(-1000 // bs))]
+    tail.num_computed = 800                   # 200 rows at 801..1000: ~180k context tokens
+    assert 200 * 800 + 200 * 201 // 2 > pa.DECODE_ROWS_CONTEXT
+    plan = plan_step([(dec, 1), (tail, 200)], BlockTables(bs), 1, inplace=True, decode_rows=256)
+    assert len(plan.chunks) == 1 and plan.chunks[0].start == 800 and len(plan.decode) == 1
+    plan = plan_step([(dec, 1), (fresh, 200)], BlockTables(bs), 1, inplace=True, decode_rows=100)
+    assert len(plan.chunks) == 1                # wider than decode_rows: a chunk too

@@ -144,6 +144,14 @@ class StepPlan:
         return self.input_ids.numel()
 
 
+# The most context tokens a step's prompt chunks may read in all and still be laid out as decode
+# rows (`plan_step`): a fresh 250-token prompt reads 31k. The tails of 830-token prompts (the
+# long load of `benchmarks/peers.py`) read far more, and as decode rows each row walks its whole
+# context through the decode kernel: their TTFT p50 went from 1.66 s to 2.53 s when steps of up
+# to 256 rows took that path (2026-12-07, AMD EPYC).
+DECODE_ROWS_CONTEXT = 1 << 15
+
+
 def plan_step(batch: list[tuple[Sequence, int]], tables: BlockTables, group: int,
               inplace: bool = False, decode_rows: int = 0) -> StepPlan:
     """Lay out one step: flat tokens, their slots, and the attention groups. The block ids come
@@ -154,8 +162,11 @@ def plan_step(batch: list[tuple[Sequence, int]], tables: BlockTables, group: int
     attends every row as a decode row, prompt chunks and verify rows too: a chunk's row at
     position ``p`` reads the context ``[0, p]`` (every row's K/V is written before any row
     attends, so the per-row length is the causal mask). Such a step is one dense decode group,
-    which the fused step (`kernels.fused_step`) runs in one C call."""
+    which the fused step (`kernels.fused_step`) runs in one C call, unless its chunks' rows
+    would read more than `DECODE_ROWS_CONTEXT` context tokens in all: past that, a chunk after
+    a long context (the tail of a long prompt) attends faster as a chunk."""
     bs = tables.block_size
+    chunk_context = 0                     # context tokens the chunks' rows read, as decode rows
     ids: list[int] = []
     pos: list[int] = []
     last_rows: list[int] = []
@@ -189,6 +200,7 @@ def plan_step(batch: list[tuple[Sequence, int]], tables: BlockTables, group: int
             pos.extend(range(start, end))
             nb = -(-end // bs)
             chunks.append(Chunk(row, n, tables.table[trow, :nb], start, group))
+            chunk_context += n * start + n * (n + 1) // 2
         last_rows.append(row + n - 1)
 
     positions = torch.tensor(pos, dtype=torch.long)
@@ -201,7 +213,7 @@ def plan_step(batch: list[tuple[Sequence, int]], tables: BlockTables, group: int
         slots = torch.empty(0, dtype=torch.long)
 
     groups = []
-    if inplace and chunks and 0 < len(ids) <= decode_rows:
+    if inplace and chunks and 0 < len(ids) <= decode_rows and chunk_context <= DECODE_ROWS_CONTEXT:
         nb = -(-(int(positions.max()) + 1) // bs)
         groups.append(DecodeGroup(torch.arange(len(ids)), tables.table[per_token, :nb],
                                   (positions + 1).to(torch.int32), None, dense=True))

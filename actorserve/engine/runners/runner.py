@@ -187,7 +187,7 @@ class PagedLlamaRunner(_SamplingRunner):
         h = self.base.embed_tokens(plan.input_ids)
         cos, sin = self._rope(plan.positions, h)
         attn_out = self.kv.scratch("attn", (T, nh * d))
-        if self.glue is not None and T <= self.kernel_rows:
+        if self.glue is not None and T <= self.kernel_rows and (self._pooled or self.step_pool is None):
             if self.fused is not None and self.fused.run(plan, h, cos, sin, lora):
                 return h
             return self._forward_glued(plan, h, cos, sin, attn_out, lora)
@@ -261,7 +261,10 @@ class PagedLlamaRunner(_SamplingRunner):
         if plan.num_tokens == 0:
             return outputs
         lora = self.lora.step(batch, plan)     # None: every member runs on the base model
-        if self.step_pool is not None and plan.num_tokens <= self.kernel_rows:
+        # a step of decode rows only (a short prompt's chunk laid out as decode rows too): the
+        # pool spins and torch keeps one thread. A step with a chunk attends it through torch,
+        # which wants every thread.
+        if self.step_pool is not None and plan.num_tokens <= self.kernel_rows and not plan.chunks:
             with self.step_pool, _torch_threads(1):
                 self._pooled = True
                 try:
