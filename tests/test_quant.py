@@ -216,7 +216,7 @@ def test_the_b16_superblocks_hold_the_same_nibbles_and_multiply_any_width_like_t
     """`repack_b16` regroups the q4 nibbles 16 output rows a superblock (`csrc/q4b16.c`): each
     dword's nibble s is weight 8j + 2s (low half) and 8j + 2s + 1 (high half). Products of
     bfloat16 rows through it equal the dense product with the dequantized weights and the row
-    kernel's up to summation order, at every width (tiles of 8 and a remainder), with float32
+    kernel's up to summation order, at every width (tiles of 12 and a remainder), with float32
     or bfloat16 outputs; the step pool's split changes no bit; float32 rows go dense."""
     ql = _linear("q4", 208, 352, seed=11)        # 13 blocks of 16 rows, 11 groups
     lib = ql.lib

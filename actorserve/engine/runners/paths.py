@@ -36,7 +36,7 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
     rows = MAX_ROWS if report.mode == "q4a8" else report.kernel_rows
     paths = {f"decode <= {MAX_ROWS} rows": f"q4/q8 C kernels ({act}), one fused C call a step ({why})"}
     if rows > MAX_ROWS:
-        how = ("8 input rows a tile against each superblock" if report.b16
+        how = ("12 input rows a tile against each superblock" if report.b16
                else f"{MAX_ROWS} rows a pass over each weight row")
         paths[f"decode {MAX_ROWS + 1}-{rows} rows"] = (f"q4/q8 C kernels ({act}), {how} (the weights read "
                                                       "once a step), one fused C call a step")

@@ -18,7 +18,8 @@
  * q[n][8j + 2s + 1]: shifted right by 4s and masked with 0x000f000f, the dword holds the pair
  * of weights 8j + 2s, 8j + 2s + 1, as the activations lie in memory. */
 #define B16_SB 320
-#define B16_MT 8        /* input rows a tile */
+#define B16_MT 12       /* input rows a tile: 12 rows' sums and accumulators fill 24 of the 32
+                         * registers; 3-10% faster than 8 at 32 and 64 rows (AMD EPYC) */
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 /* One tile of M (1..B16_MT) input rows x (row stride K) against one block of 16 output rows:
@@ -74,7 +75,8 @@ static void q4b16_block(const uint16_t *x, const float *xs, int M, int K, const 
         const float *st = xs + (size_t)r0 * G;
         switch (mt) {
 #define B16T(M_, NC_) case M_: q4b16_tile(xt, st, M_, NC_, K, sb, res); break;
-            B16T(1, 4) B16T(2, 4) B16T(3, 2) B16T(4, 2) B16T(5, 1) B16T(6, 1) B16T(7, 1)
+            B16T(1, 4) B16T(2, 4) B16T(3, 2) B16T(4, 2) B16T(5, 1) B16T(6, 1) B16T(7, 1) B16T(8, 1)
+            B16T(9, 1) B16T(10, 1) B16T(11, 1)
             default: q4b16_tile(xt, st, B16_MT, 1, K, sb, res);
 #undef B16T
         }
