@@ -62,6 +62,16 @@ static inline __attribute__((always_inline)) void q4b16_tile(
     for (int r = 0; r < M; r++) res[r] = acc[r];
 }
 
+/* xs[i] = the float32 sum of the i-th group of 32 bfloat16 numbers of x, for n groups. */
+static void q4b16_sums(const uint16_t *x, size_t n, float *xs) {
+    for (size_t i = 0; i < n; i++) {
+        const __m512i v = _mm512_loadu_si512(x + i * 32);
+        const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000)));
+        xs[i] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+    }
+}
+
 /* Block nb of 16 output rows for all M input rows: tiles of B16_MT rows, the block's weights
  * staying in L1 from one tile to the next. */
 static void q4b16_block(const uint16_t *x, const float *xs, int M, int K, const uint8_t *sb,

@@ -489,6 +489,19 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
             || ((n16 || b16) && N % 16) || (b16 && (!x_bf16 || !qgemv_b16())))
         return -1;
     int G = K / 32;
+#ifdef HAVE_Q4B16
+    if (b16) {          /* the superblocks read x as it is: only the group sums are needed */
+        float *xs = malloc(sizeof(float) * (size_t)M * G);
+        if (!xs) return -1;
+        q4b16_sums((const uint16_t *)x, (size_t)M * G, xs);
+        job_t job = {.kind = kind, .M = M, .K = K, .N = N, .G = G, .y_bf16 = y_bf16, .n0 = 0,
+                     .n1 = N / 16, .xs = xs, .bias = bias, .xb = (const uint16_t *)x, .b16 = 1,
+                     .q = q, .d = d, .m = m, .y = y};
+        spread(&job, N >= 64, nthreads);
+        free(xs);
+        return 0;
+    }
+#endif
     /* xf [M, K] and xs [M, G] float32; with act8 also xd [M, G], xdv [M, G/2, 16], xinit
      * [M, G/2, 16] (int32), xq [M, K] */
     const size_t nf = (size_t)M * K + (size_t)M * G + (act8 ? (size_t)M * G + (n16 ? 0 : (size_t)M * (G / 2) * 32) : 0);
