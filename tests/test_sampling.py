@@ -362,3 +362,28 @@ def test_min_tokens_masks_the_ending_ids_until_reached_and_never_empties_a_row()
     sampled.min_stop_ids = (3,)
     hot = torch.tensor([[0.0, 0.0, 0.0, 12.0]])
     assert all(sample(hot, [sampled])[0][0] != 3 for _ in range(50))
+
+
+def test_the_two_level_draw_finds_the_position_of_the_cumulative_sum():
+    """`_draw` inverts per-block sums, then one block's cumulative sum: the position it returns
+    for a number u is the one a single float64 scan of the whole row gives, across block
+    boundaries, at a padded last block, and never a position of probability 0."""
+    from actorserve.engine.sampling import sampling as smp
+
+    gen = torch.Generator().manual_seed(5)
+    for vocab in (49152, 1500, 7):
+        probs = torch.rand(6, vocab, generator=gen)
+        probs[:, ::3] = 0.0                                # every third position impossible
+        probs /= probs.sum(-1, keepdim=True)
+        seqs = [Sequence(f"s{i}", [1], sampling=SamplingParams(temperature=1.0, seed=100 + i)) for i in range(6)]
+        got = smp._draw(probs, list(range(6)), seqs)
+        us = [torch.rand(1, dtype=torch.float64, generator=torch.Generator().manual_seed(100 + i))[0]
+              for i in range(6)]
+        cdf = probs.double().cumsum(-1)
+        for i, (g, u) in enumerate(zip(got, us)):
+            want = int(torch.searchsorted(cdf[i], u * cdf[i, -1], right=True))
+            assert probs[i, g] > 0 and g == want, (vocab, i, g, want)
+    edge = torch.zeros(2, 3000)
+    edge[:, 1024] = 1.0                                    # all the mass at one block's first position
+    seqs = [Sequence(f"e{i}", [1], sampling=SamplingParams(temperature=1.0)) for i in range(2)]
+    assert smp._draw(edge, [0, 1], seqs) == [1024, 1024]
