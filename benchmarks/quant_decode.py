@@ -37,13 +37,16 @@ from actorserve.engine.scheduling.sequence import Sequence  # noqa: E402
 from engine import prompts_of, runner_prefill  # noqa: E402  (benchmarks/engine.py)
 
 
+TEMPERATURE = 0.0       # ``--temperature``: the decode steps' sampling (0: greedy)
+
+
 def decode(engine: Any, prompt: list[int], b: int, n: int) -> tuple[float, list[int]]:
     """ms per decode step of `b` copies of `prompt`, and the first copy's tokens."""
     bs = engine.kv.block_size
     need = -(-(len(prompt) + n + 1) // bs)
     seqs = []
     for i in range(b):
-        s = Sequence(f"q{i}", prompt, sampling=SamplingParams(temperature=0.0, max_new_tokens=n))
+        s = Sequence(f"q{i}", prompt, sampling=SamplingParams(temperature=TEMPERATURE, max_new_tokens=n))
         s.block_table = list(range(i * need, (i + 1) * need))
         seqs.append(s)
     outs = engine.execute([(s, s.num_tokens) for s in seqs])
@@ -78,8 +81,12 @@ def main() -> None:
     p.add_argument("--prefill", type=int, default=512, help="also a prefill of this many tokens (0: none)")
     p.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True,
                    help="also each q4 engine without its fused step, glue and step pool")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample the decode steps at this temperature (default 0: greedy)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    global TEMPERATURE
+    TEMPERATURE = args.temperature
     from actorserve.engine.weights.models import load_model
 
     batches = [int(x) for x in args.batches.split(",")]
