@@ -42,29 +42,25 @@ Threads. `StepPool`: during a decode step the kernels' worker threads spin betwe
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
 import logging
 import os
 from dataclasses import dataclass
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from . import cbuild
 # the block formats (GGUF's Q4_1 and Q8_0) and the kernels' regroupings of them
 from .formats import GROUP, dequantize_q4, dequantize_q8, quantize_q4, quantize_q8, repack_b16, repack_n16  # noqa: F401
 from ..runners import dense
 # csrc/qgemv.c's MAXM, and how wide a step the kernels take
 from .widths import B16_ROWS, DOT_ROWS, KERNEL_ROWS, MAX_ROWS, Q8_BF16_ROWS, _kernel_rows, kernel_rows, weight_rows  # noqa: F401
 
+# the kernels' library (csrc/decode_step.c) and their step pool
+from .qlib import LIBRARY, StepPool, _Lib, step_pool  # noqa: F401
+
 log = logging.getLogger(__name__)
 
-# the library with the kernels: csrc/decode_step.c, which includes qgemv.c and glue.c (one
-# library, so the kernels, the glue and the fused step share one step pool)
-LIBRARY = "decode_step"
 MODES = ("auto", "none", "q4", "q4a8")
 EXACT_TOL = 1e-5        # auto: a linear is "exact" when its re-quantized weights are within this
                         # fraction of its largest weight (4-bit rounding is ~3e-2; GGUF's own ~1e-7)
@@ -89,64 +85,6 @@ def _parallel_min() -> int:
 
 
 PARALLEL_MIN = _parallel_min()
-
-
-class _Lib:
-    def __init__(self, path: str | None = None) -> None:
-        lib = ctypes.CDLL(path or str(cbuild.build(LIBRARY)))
-        self.cdll = lib
-        p, i = ctypes.c_void_p, ctypes.c_int
-        self.qgemv = lib.qgemv
-        self.qgemv.argtypes = [i, p, i, i, i, p, p, p, i, p, p, i, i]
-        self.qgemv.restype = ctypes.c_int
-        self.bf16_path = lib.qgemv_bf16_path
-        self.bf16_path.argtypes = [i]
-        self.bf16_path.restype = ctypes.c_int
-        # rows ahead a product of one or two rows prefetches its weights (rows >= 0 sets, -1 asks)
-        self.prefetch = lib.qgemv_prefetch
-        self.prefetch.argtypes = [i]
-        self.prefetch.restype = ctypes.c_int
-        self.act8_simd = bool(lib.qgemv_act8_simd())
-        self.b16 = bool(lib.qgemv_b16())     # q4b16.c's kernel is built (avx512_bf16)
-        self.qpool_active = lib.qpool_active
-        self.qpool_active.argtypes = [i, i]
-        self.qpool_active.restype = ctypes.c_int
-
-
-class StepPool:
-    """The kernels' step pool (``csrc/step_pool.c``): ``with pool:`` around a decode step of at
-    most `MAX_ROWS` rows, and every quantized product of the step is split over `workers`
-    threads besides the caller, which spin between the step's products instead of sleeping
-    (so small products are worth splitting too) and sleep again when the step ends. The
-    results are the same bits as without it."""
-
-    def __init__(self, workers: int) -> None:
-        self.lib = _Lib()
-        self.workers = max(0, int(workers))
-
-    def __enter__(self) -> StepPool:
-        self.lib.qpool_active(1, self.workers)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.lib.qpool_active(0, 0)
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Inside an active step: the workers sleep (for a parallel region of OpenMP's, whose
-        thread needs the core a spinning worker holds), then spin again."""
-        self.lib.qpool_active(0, 0)
-        try:
-            yield
-        finally:
-            self.lib.qpool_active(1, self.workers)
-
-
-def step_pool(model: Any) -> StepPool | None:
-    """A step pool for a quantized `model` on more than one thread, else None."""
-    if getattr(model, "actorserve_quant", None) is None or torch.get_num_threads() < 2:
-        return None
-    return StepPool(torch.get_num_threads() - 1)
 
 
 class _Weights:
