@@ -83,11 +83,13 @@ static void attn_units(const void *ext, int w0, int w1) {
 /* The element-wise work of a layer, by rows: `fn` over rows [r0, r1) of the step. */
 typedef struct {
     const step_t *S;
-    const layer_t *l, *next;   /* this layer; the next one (its input norm), or NULL at the last */
-    int what;                  /* ROWS_QKV, ROWS_ATTN_OUT, ROWS_POST_NORM, ROWS_SILU, ROWS_NEXT */
+    const layer_t *l;
+    int what;                  /* ROWS_QKV, ROWS_ATTN_OUT, ROWS_ADD_NORM, ROWS_SILU */
+    const void *norm;          /* ROWS_ADD_NORM: h += o, then x = this norm of h (NULL: the add alone) */
+    float eps;
 } rows_job_t;
 
-enum { ROWS_QKV, ROWS_ATTN_OUT, ROWS_POST_NORM, ROWS_SILU, ROWS_NEXT };
+enum { ROWS_QKV, ROWS_ATTN_OUT, ROWS_ADD_NORM, ROWS_SILU };
 
 static inline float load_el(const void *p, size_t i, int bf16);
 static inline void store_el(void *p, size_t i, float v, int bf16);
@@ -115,17 +117,13 @@ static void rows_units(const void *ext, int r0, int r1) {
     case ROWS_ATTN_OUT:
         for (size_t i = (size_t)r0 * nq; i < (size_t)r1 * nq; i++) store_el(S->attn, i, S->of[i], bf16);
         break;
-    case ROWS_POST_NORM:
-        add_rmsnorm((char *)S->h + (size_t)r0 * D * es, (const char *)S->o + (size_t)r0 * D * es, D,
-                    l->post_norm, l->post_eps, (char *)S->x + (size_t)r0 * D * es, D, n, D, bf16);
-        break;
     case ROWS_SILU:
         silu_mul(S->gu, S->act, I, r0, r1, bf16);
         break;
-    case ROWS_NEXT:
-        if (j->next) {
+    case ROWS_ADD_NORM:
+        if (j->norm) {
             add_rmsnorm((char *)S->h + (size_t)r0 * D * es, (const char *)S->o + (size_t)r0 * D * es, D,
-                        j->next->in_norm, j->next->in_eps, (char *)S->x + (size_t)r0 * D * es, D, n, D, bf16);
+                        j->norm, j->eps, (char *)S->x + (size_t)r0 * D * es, D, n, D, bf16);
         } else {
             for (size_t i = (size_t)r0 * D; i < (size_t)r1 * D; i++)
                 store_el(S->h, i, load_el(S->h, i, bf16) + load_el(S->o, i, bf16), bf16);
@@ -137,8 +135,8 @@ static void rows_units(const void *ext, int r0, int r1) {
 /* Rows [0, T) of `what` for layer l: shared out over the step pool while it spins (a step of
  * several rows), else here. Each row is computed by one thread with the same code: the same
  * bits either way. */
-static void by_rows(const step_t *S, const layer_t *l, const layer_t *next, int what) {
-    rows_job_t r = {S, l, next, what};
+static void by_rows(const step_t *S, const layer_t *l, int what, const void *norm, float eps) {
+    rows_job_t r = {S, l, what, norm, eps};
     if (S->T < 2) {
         rows_units(&r, 0, S->T);
         return;
@@ -195,7 +193,7 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
         const lora_out_t qkv[3] = {{0, nq, nqkv, S->qkv}, {1, nk, nqkv, (char *)S->qkv + (size_t)nq * es},
                                    {2, nk, nqkv, (char *)S->qkv + (size_t)(nq + nk) * es}};
         if (deltas(S, li, S->x, D, D, 3, qkv)) return -1;
-        by_rows(S, l, NULL, ROWS_QKV);
+        by_rows(S, l, ROWS_QKV, NULL, 0.f);
         if (pooled) {
             attn_job_t a = {S, l, split, 0};
             job_t job = {0};
@@ -211,19 +209,20 @@ int decode_layers(const layer_t *L, int n, const step_t *S) {
             if (pause) qpool_active(1, 0);
             if (rc) return -1;
         }
-        by_rows(S, l, NULL, ROWS_ATTN_OUT);
+        by_rows(S, l, ROWS_ATTN_OUT, NULL, 0.f);
         if (product(&l->o, S->attn, T, S->o, bf16)) return -1;
         const lora_out_t o[1] = {{3, D, D, S->o}};
         if (deltas(S, li, S->attn, nq, nq, 1, o)) return -1;
-        by_rows(S, l, NULL, ROWS_POST_NORM);
+        by_rows(S, l, ROWS_ADD_NORM, l->post_norm, l->post_eps);
         if (product(&l->gate_up, S->x, T, S->gu, bf16)) return -1;
         const lora_out_t gu[2] = {{4, I, 2 * I, S->gu}, {5, I, 2 * I, (char *)S->gu + (size_t)I * es}};
         if (deltas(S, li, S->x, D, D, 2, gu)) return -1;
-        by_rows(S, l, NULL, ROWS_SILU);               /* SiLU(gate) * up, each rounded as torch's */
+        by_rows(S, l, ROWS_SILU, NULL, 0.f);             /* SiLU(gate) * up, each rounded as torch's */
         if (product(&l->down, S->act, T, S->o, bf16)) return -1;
         const lora_out_t down[1] = {{6, D, D, S->o}};
         if (deltas(S, li, S->act, I, I, 1, down)) return -1;
-        by_rows(S, l, li + 1 < n ? &L[li + 1] : NULL, ROWS_NEXT);   /* the residual, the next norm */
+        by_rows(S, l, ROWS_ADD_NORM, li + 1 < n ? L[li + 1].in_norm : NULL,   /* the residual, the */
+                li + 1 < n ? L[li + 1].in_eps : 0.f);                          /* next layer's norm */
     }
     return 0;
 }

@@ -515,9 +515,9 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         for (int e = 0; e < 32; e++) sum += xf[i * 32 + e];
         xs[i] = sum;
     }
-    const uint16_t *xb = x_bf16 && kind == 4 && (bf16_path || b16) ? (const uint16_t *)x : NULL;
+    const uint16_t *xb = x_bf16 && kind == 4 && bf16_path ? (const uint16_t *)x : NULL;
     uint16_t *xpair = NULL;
-    if (xb && !b16) {                   /* the order q4_row_bf16 reads: `pair_order` */
+    if (xb) {                   /* the order q4_row_bf16 reads: `pair_order` */
         if (!(xpair = malloc(sizeof(uint16_t) * (size_t)M * K))) { free(xf); return -1; }
         pair_order(xb, M, K, xpair);
         xb = xpair;
@@ -535,8 +535,8 @@ int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, cons
         xb = NULL;
     }
     job_t job = {.kind = kind, .M = M, .K = K, .N = N, .G = G, .y_bf16 = y_bf16, .n0 = 0,
-                 .n1 = n16 || b16 ? N / 16 : N, .xf = xf, .xs = xs, .bias = bias, .xb = xb, .xq = xq,
-                 .xd = xd, .xdv = xdv, .xinit = xinit, .n16 = n16, .b16 = b16, .q = q, .d = d, .m = m, .y = y};
+                 .n1 = n16 ? N / 16 : N, .xf = xf, .xs = xs, .bias = bias, .xb = xb, .xq = xq,
+                 .xd = xd, .xdv = xdv, .xinit = xinit, .n16 = n16, .q = q, .d = d, .m = m, .y = y};
     spread(&job, N >= 64, nthreads);
     free(xf);
     free(xpair);
