@@ -83,6 +83,9 @@ def main() -> None:
                    help="also each q4 engine without its fused step, glue and step pool")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sample the decode steps at this temperature (default 0: greedy)")
+    p.add_argument("--context", type=int, default=0,
+                   help="the decode rows' prompt: this many tokens (default: a 14-token prompt); each "
+                        "row's context is its own blocks, as a server's members are")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     global TEMPERATURE
@@ -98,8 +101,10 @@ def main() -> None:
     tokens: dict[str, list[int]] = {}
     for name, dtype, q in configs:
         model, tok, _ = load_model(args.model, dtype=dtype, quantization=q)
-        engine = build_engine(model, num_blocks=max(batches) * 8 + 8, block_size=16)
-        prompt = tok.encode("Request 1: write a short story about a dragon and a knight")
+        prompt = (prompts_of(tok, 1, args.context)[0] if args.context
+                  else tok.encode("Request 1: write a short story about a dragon and a knight"))
+        need = -(-(len(prompt) + args.decode + 8) // 16)
+        engine = build_engine(model, num_blocks=max(batches) * max(8, need) + 8, block_size=16)
         fig: dict[str, Any] = {}
         for b in batches:
             decode(engine, prompt, b, 4)

@@ -25,6 +25,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* `prefetch_run`: how many token rows ahead, and the locality hint (1: `prefetcht2`, into L2).
+ * Measured on the 2-core AMD EPYC (benchmarks/decode_attention.py --context): 16-32 rows ahead
+ * into L2 alike; into L1 (3) no better than no prefetch at all; 48 or more ahead a little worse. */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 32
+#endif
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT 1
+#endif
+
 /* exp(x) for x <= 0 (softmax after subtracting the max), relative error ~2e-7:
  * x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 polynomial, 2^n through the exponent. */
 static inline float exp_neg(float x) {
@@ -195,6 +205,24 @@ static inline void token_rows(const int32_t *tab, int p0, int tn, int bs, size_t
     }
 }
 
+/* Ask for the rows of 16 tokens ahead of their use, into L2 (`prefetcht2`). A sequence's K
+ * (then V) rows are walked as one run of 2 L token rows: position q < L is K's token q, q >= L
+ * V's token q - L, so the K pass's last prefetches already bring the V pass's first rows. The
+ * blocks lie anywhere in the cache and the hardware prefetchers lose the stream at every block
+ * boundary: without this the attention of a decode step read its cache at a third of the
+ * machine's bandwidth (docs/engine.md). Into L1 (`prefetcht0`) measured no better than none:
+ * the L1's few miss buffers fill and the prefetches stall the loop. Only the unit's heads
+ * [h0, h1) are asked for (a unit a head: the other heads are other threads' units). */
+static inline void prefetch_run(const void *K, const void *V, const int32_t *tab, int q0, int L, int bs,
+                                size_t row_stride, int esz, int h0, int h1, int d) {
+    const size_t bytes = row_stride * (size_t)esz, from = (size_t)h0 * d * esz, to = (size_t)h1 * d * esz;
+    for (int q = q0; q < q0 + 16 && q < 2 * L; q++) {
+        const int p = q < L ? q : q - L;
+        const char *r = (const char *)(q < L ? K : V) + ((size_t)tab[p / bs] * bs + p % bs) * bytes;
+        for (size_t o = from; o < to; o += 64) __builtin_prefetch(r + o, 0, PREFETCH_HINT);
+    }
+}
+
 /* The tile: the tn tokens' rows of one head (from `head` elements into each token's rows),
  * C vectors a row, widened to float32. */
 static inline __attribute__((always_inline)) void widen_tile(const void *base, const size_t at[16], int tn,
@@ -314,6 +342,7 @@ static inline __attribute__((always_inline)) void unit_vec(
         const int tn = L - p0 < 16 ? L - p0 : 16;
         size_t at[16];
         token_rows(tab, p0, tn, bs, row_stride, at);
+        prefetch_run(K, V, tab, p0 + PREFETCH_AHEAD, L, bs, row_stride, bf16 ? 2 : 4, h0, h1, d);
         for (int h = h0; h < h1; h++) {
 #if defined(__AVX512BF16__)
             if (bf16) {              /* the K rows as they lie, bf16 pairs into float32 sums */
@@ -349,6 +378,7 @@ static inline __attribute__((always_inline)) void unit_vec(
             const int tn = L - p0 < 16 ? L - p0 : 16;
             size_t at[16];
             token_rows(tab, p0, tn, bs, row_stride, at);
+            prefetch_run(K, V, tab, L + p0 + PREFETCH_AHEAD, L, bs, row_stride, 2, h0, h1, d);
             for (int h = h0; h < h1; h++)
                 v_pass_bf16(V, at, tn, (size_t)h * d, h, h0, g, C / 2, (const uint32_t *)s, stride, p0, oi);
         }
@@ -360,6 +390,7 @@ static inline __attribute__((always_inline)) void unit_vec(
         const int tn = L - p0 < 16 ? L - p0 : 16;
         size_t at[16];
         token_rows(tab, p0, tn, bs, row_stride, at);
+        prefetch_run(K, V, tab, L + p0 + PREFETCH_AHEAD, L, bs, row_stride, bf16 ? 2 : 4, h0, h1, d);
         for (int h = h0; h < h1; h++) {
             widen_tile(V, at, tn, (size_t)h * d, C, bf16, tile);
             for (int r = 0; r < g; r++) {
