@@ -116,6 +116,31 @@ def test_only_llama_style_norms_take_the_glue():
     assert not glue.usable(list(gemma.model.layers), torch.float32)      # (1 + w) norms
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_final_norm_of_a_step_is_the_models_norm_through_the_glue(dtype):
+    """`_final_norm`: the glue's norm where it copies the module (up to the order of its sum),
+    the module itself where it does not (Gemma's 1 + w)."""
+    from test_model_families import _build, make
+
+    for arch in ("qwen2", "gemma"):
+        model = _build(arch).to(dtype)
+        model.actorserve_quant = quant.quantize_model(model, "q4")
+        d, _ = make(model)
+        eng = d.engine
+        calls = []
+        if eng.glue is not None:
+            real = eng.glue.add_rmsnorm
+            eng.glue.add_rmsnorm = lambda *a: (calls.append(1), real(*a))[1]
+        x = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(1)).to(dtype)
+        got = eng._final_norm(x)
+        want = eng.base.norm(x)
+        assert bool(calls) == (arch == "qwen2")
+        if arch == "qwen2":
+            torch.testing.assert_close(got, want, atol=1e-5 if dtype is torch.float32 else 1e-2, rtol=1e-2)
+        else:
+            assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_bias", "qwen2", "phi3", "phi3_partial", "gemma"])
 def test_a_q4_engine_decodes_the_same_with_and_without_the_glue(arch):
     from test_model_families import PROMPTS, _build, make

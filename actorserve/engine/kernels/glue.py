@@ -68,16 +68,14 @@ class Glue:
 
 def usable(layers: list[Any], dtype: torch.dtype) -> bool:
     """Whether the glue computes these layers' norms as HF does (see the module docstring)."""
-    if dtype not in _DTYPES:
-        return False
-    for layer in layers:
-        for name in ("input_layernorm", "post_attention_layernorm"):
-            norm = getattr(layer, name, None)
-            if type(norm).__name__ not in LLAMA_STYLE_NORMS or not hasattr(norm, "variance_epsilon"):
-                return False
-            if norm.weight.dtype != dtype or not norm.weight.is_contiguous():
-                return False
-    return True
+    return all(norm_usable(getattr(layer, name, None), dtype)
+               for layer in layers for name in ("input_layernorm", "post_attention_layernorm"))
+
+
+def norm_usable(norm: Any, dtype: torch.dtype) -> bool:
+    """Whether `add_rmsnorm` computes this norm module as HF does on `dtype` rows."""
+    return (dtype in _DTYPES and type(norm).__name__ in LLAMA_STYLE_NORMS and hasattr(norm, "variance_epsilon")
+            and norm.weight.dtype == dtype and norm.weight.is_contiguous())
 
 
 _lib: list[Glue | None] = []

@@ -301,11 +301,24 @@ class PagedLlamaRunner(_SamplingRunner):
             self._verify(outputs, batch, spec, plan, h)
         if not members:
             return outputs
-        rows = torch.tensor([plan.last_rows[i] for i in members], dtype=torch.long)
-        hidden = self.base.norm(h.index_select(0, rows))
+        last = [plan.last_rows[i] for i in members]
+        # a decode step whose every row ends a token takes its rows as they are (no copies)
+        every = last == list(range(h.shape[0]))
+        hidden = self._final_norm(h if every else h.index_select(0, torch.tensor(last, dtype=torch.long)))
+        everyone = list(range(len(members)))
         self._finish(outputs, [batch[i][0] for i in members], members, hidden,
-                     lambda idx: self._logits(hidden[idx]))
+                     lambda idx: self._logits(hidden if idx == everyone else hidden[idx]))
         return outputs
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's final norm of the rows `x`: one C call where the glue computes the
+        layers' norms (the same class of norm: `glue.usable`), else the module."""
+        norm = self.base.norm
+        if self.glue is not None and x.is_contiguous() and glue_mod.norm_usable(norm, x.dtype):
+            out = torch.empty_like(x)
+            self.glue.add_rmsnorm(x, None, norm, out)
+            return out
+        return norm(x)
 
 
     def _verify(self, outputs: list[SeqOutput], batch: list[tuple[Sequence, int]], spec: list[int],
