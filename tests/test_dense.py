@@ -73,14 +73,15 @@ def test_nothing_is_packed_where_onednn_disagrees(monkeypatch):
 
 
 def test_row_buckets_cover_every_width_with_little_padding():
-    assert len(dense.BUCKETS) == 20 and dense.BUCKETS[0] == 8 and dense.BUCKETS[-1] == dense.CHUNK
+    assert len(dense.BUCKETS) == 24 and dense.BUCKETS[0] == 8 and dense.BUCKETS[-1] == dense.CHUNK
     for rows in range(1, dense.CHUNK + 1):
         b = dense.bucket_rows(rows)
         assert b in dense.BUCKETS and b >= rows
         assert b == min(x for x in dense.BUCKETS if x >= rows)     # the smallest that fits
         if rows > 64:
             assert (b - rows) / rows < 0.25, rows
-    assert [dense.bucket_rows(n) for n in (1, 8, 9, 17, 65, 128, 129, 257, 511)] == [8, 8, 16, 24, 80, 128, 160, 320, 512]
+    assert [dense.bucket_rows(n) for n in (1, 8, 9, 17, 65, 128, 129, 257, 511, 513, 1000)] == \
+        [8, 8, 16, 24, 80, 128, 160, 320, 512, 640, 1024]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -91,7 +92,7 @@ def test_onednn_sees_only_bucketed_row_counts_and_each_row_keeps_its_result(monk
     real = dense._product
     monkeypatch.setattr(dense, "_product", lambda x, p, b: (seen.append(x.shape[0]), real(x, p, b))[1])
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    widths = (1, 3, 9, 70, 200, 511, 512, 513, 1100)
+    widths = (1, 3, 9, 70, 200, 511, 512, 513, 1100, 2100)
     for rows in widths:
         x = torch.randn(rows, 192).to(dtype)
         got = mod.a(x)
@@ -100,8 +101,8 @@ def test_onednn_sees_only_bucketed_row_counts_and_each_row_keeps_its_result(monk
         if rows <= dense.CHUNK:       # a row's result does not depend on its neighbours or the padding
             torch.testing.assert_close(got[:1].float(), mod.a(x[:1]).float(), atol=tol, rtol=tol)
     assert set(seen) <= set(dense.BUCKETS)
-    # 70 -> 80, 200 -> 224; 513 rows: 512 + 1 -> 8; 1100 rows: 512 + 512 + 76 -> 80
-    assert sorted(set(seen)) == [8, 16, 80, 224, 512]
+    # 70 -> 80, 200 -> 224, 513 -> 640, 1100 rows: 1024 + 76 -> 80; 2100: 1024 + 1024 + 52 -> 56
+    assert sorted(set(seen)) == [8, 16, 56, 80, 224, 512, 640, 1024]
 
 
 def test_the_onednn_caches_are_capped_before_torch_runs_unless_the_environment_says(monkeypatch):

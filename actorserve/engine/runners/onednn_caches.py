@@ -5,7 +5,7 @@ oneDNN keeps every primitive it compiled, keyed by shape, in its own cache
 LRU cache (``LRU_CACHE_CAPACITY``); both hold 1024 entries by default, and each primitive
 holds about 0.6 MB (JIT code and its buffers: measured from 16x16 to 49152x576 weights). A
 server whose inputs take many shapes would keep up to ~600 MB of them for good. `engine.runners.dense`
-hands oneDNN 20 row counts only, so the packed linears need 20 entries per weight shape; the
+hands oneDNN 24 row counts only, so the packed linears need 24 entries per weight shape; the
 caps below bound whatever else makes primitives (an unpacked bf16 linear, a model with many
 weight shapes) and so the memory the caches can hold at rest: `CAPACITY` entries, ~150 MB.
 
