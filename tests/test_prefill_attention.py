@@ -49,6 +49,25 @@ def test_blocks_compute_the_eager_attention_and_read_no_key_past_the_chunk(n):
     assert torch.equal(head, out[:pa.BLOCK])
 
 
+@pytest.mark.parametrize("start", [0, 100])
+def test_a_power_of_two_scale_folded_into_the_queries_gives_the_same_bits(monkeypatch, start):
+    """d = 64: the scale 1/8 multiplies the queries before the product instead of the scores
+    after it, and every output bit is the same as scaling the scores (`power_of_two`)."""
+    assert pa.power_of_two(D ** -0.5) and pa.power_of_two(256 ** -0.5)
+    assert not pa.power_of_two(128 ** -0.5) and not pa.power_of_two(0.3)
+    torch.manual_seed(7)
+    n = 300
+    L = start + n + 16
+    q = (torch.randn(start + n, NH, D) * 3).bfloat16()
+    k, v = (torch.randn(L, NKV, D) * 3).bfloat16(), torch.randn(L, NKV, D).bfloat16()
+    folded = torch.empty(n, NH, D, dtype=torch.bfloat16)
+    pa.causal_blocked(q[start:], k, v, D ** -0.5, folded, start)
+    monkeypatch.setattr(pa, "power_of_two", lambda scale: False)
+    scaled_after = torch.empty(n, NH, D, dtype=torch.bfloat16)
+    pa.causal_blocked(q[start:], k, v, D ** -0.5, scaled_after, start)
+    assert torch.equal(folded, scaled_after)
+
+
 @pytest.mark.parametrize("start,n", [(165, 300), (500, 44), (16, 128), (859, 165)])
 def test_a_chunk_after_cached_context_computes_its_rows_of_the_whole_prompt(start, n):
     """A chunk that continues `start` computed tokens: its rows are rows ``start..start+n`` of
