@@ -104,6 +104,43 @@ def test_rope_in_place_is_bit_for_bit_hf_rope(g, dtype, rd):
     assert not g.rope(torch.randn(T, nh, d), cos.double(), sin.double())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_prompt_chunks_rows_over_threads_give_the_bits_of_one_thread(g, dtype):
+    """`threads`: a prompt chunk's norms and RoPE with their rows over OpenMP threads compute
+    every row as one thread does (rows a split of their own: 64, 65, 300; strided delta and
+    output; partial rotary), and fewer than `MT_ROWS` rows stay on the caller."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    assert glue.MT_ROWS == 64
+    torch.manual_seed(3)
+    norm = LlamaRMSNorm(576, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.3)
+    norm = norm.to(dtype)
+    for rows in (64, 65, 300):
+        h = (torch.randn(rows, 576) * 4).to(dtype)
+        delta = torch.randn(rows, 700).to(dtype)[:, 50:626]
+        outs, hs = [], []
+        for threads in (1, 2, 3):
+            hh = h.clone()
+            out = torch.empty(rows, 600, dtype=dtype)[:, :576]
+            g.add_rmsnorm(hh, delta, norm, out, threads)
+            outs.append(out)
+            hs.append(hh)
+        assert all(torch.equal(o, outs[0]) for o in outs) and all(torch.equal(x, hs[0]) for x in hs)
+        with torch.inference_mode():
+            torch.testing.assert_close(outs[0].float(), norm(h + delta).float(),
+                                       atol=0.02 if dtype != torch.float32 else 1e-5, rtol=0.02)
+        for rd in (64, 32):
+            x = torch.randn(rows, 9, 64).to(dtype)
+            cos, sin = torch.randn(rows, 1, rd).to(dtype), torch.randn(rows, 1, rd).to(dtype)
+            want = apply_rope(x, cos, sin)
+            for threads in (2, 3):
+                y = x.clone()
+                assert g.rope(y, cos, sin, threads)
+                assert torch.equal(y, want)
+
+
 def test_only_llama_style_norms_take_the_glue():
     import transformers as tr
 
@@ -157,7 +194,7 @@ def test_a_q4_engine_decodes_the_same_with_and_without_the_glue(arch):
         calls = []
         if use and d.engine.glue is not None:
             real = d.engine._forward_glued
-            d.engine._forward_glued = lambda *a: (calls.append(1), real(*a))[1]
+            d.engine._forward_glued = lambda *a, **kw: (calls.append(1), real(*a, **kw))[1]
         seqs = [d.new(f"r{i}", p) for i, p in enumerate(PROMPTS)]
         runs.append((d.run(seqs, 8, chunk=5), rec.logits))
         if use and arch != "gemma":

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 # RMSNorm classes computing w * (x * rsqrt(mean(x^2) + eps)).to(dtype), eps in `variance_epsilon`
 LLAMA_STYLE_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm")
 _DTYPES = (torch.float32, torch.bfloat16)
+MT_ROWS = 64        # fewer rows stay on the calling thread (waking OpenMP's costs more)
 
 
 class Glue:
@@ -44,25 +45,42 @@ class Glue:
         self._rope = lib.rope
         self._rope.argtypes = [p, L, i, i, i, p, p, i, i]
         self._rope.restype = None
+        # the same over OpenMP threads (a prompt chunk's rows): a trailing thread count
+        self._norm_mt = lib.add_rmsnorm_mt
+        self._norm_mt.argtypes = [p, p, L, p, f, p, L, i, i, i, i]
+        self._norm_mt.restype = None
+        self._rope_mt = lib.rope_mt
+        self._rope_mt.argtypes = [p, L, i, i, i, p, p, i, i, i]
+        self._rope_mt.restype = None
 
-    def add_rmsnorm(self, h: torch.Tensor, delta: torch.Tensor | None, norm: Any, out: torch.Tensor) -> None:
+    def add_rmsnorm(self, h: torch.Tensor, delta: torch.Tensor | None, norm: Any, out: torch.Tensor,
+                    threads: int = 1) -> None:
         """``h += delta`` (unless None), then ``out = norm(h)``; h ``[T, D]`` contiguous, delta
-        and out ``[T, D]`` with unit stride along D, all of h's dtype."""
+        and out ``[T, D]`` with unit stride along D, all of h's dtype. With `threads` > 1 and
+        at least `MT_ROWS` rows, the rows are shared out over that many OpenMP threads."""
         T, D = h.shape
-        self._norm(h.data_ptr(), None if delta is None else delta.data_ptr(),
-                   0 if delta is None else delta.stride(0), norm.weight.data_ptr(),
-                   norm.variance_epsilon, out.data_ptr(), out.stride(0), T, D, h.dtype is torch.bfloat16)
+        args = (h.data_ptr(), None if delta is None else delta.data_ptr(),
+                0 if delta is None else delta.stride(0), norm.weight.data_ptr(),
+                norm.variance_epsilon, out.data_ptr(), out.stride(0), T, D, h.dtype is torch.bfloat16)
+        if threads > 1 and T >= MT_ROWS:
+            self._norm_mt(*args, threads)
+        else:
+            self._norm(*args)
 
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, threads: int = 1) -> bool:
         """RoPE in place on ``x [T, heads, d]`` with the step's cos/sin rows ``[T, 1, rd]``;
         False (x untouched) where it does not take them: heads not contiguous within a row,
-        cos/sin not contiguous or not of x's dtype."""
+        cos/sin not contiguous or not of x's dtype. `threads`: as `add_rmsnorm`'s."""
         T, heads, d = x.shape
         if (x.stride(2) != 1 or x.stride(1) != d or cos.dtype != x.dtype or sin.dtype != x.dtype
                 or not (cos.is_contiguous() and sin.is_contiguous()) or x.dtype not in _DTYPES):
             return False
-        self._rope(x.data_ptr(), x.stride(0), T, heads, d, cos.data_ptr(), sin.data_ptr(),
-                   cos.shape[-1], x.dtype is torch.bfloat16)
+        args = (x.data_ptr(), x.stride(0), T, heads, d, cos.data_ptr(), sin.data_ptr(),
+                cos.shape[-1], x.dtype is torch.bfloat16)
+        if threads > 1 and T >= MT_ROWS:
+            self._rope_mt(*args, threads)
+        else:
+            self._rope(*args)
         return True
 
 

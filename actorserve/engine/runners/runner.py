@@ -191,6 +191,11 @@ class PagedLlamaRunner(_SamplingRunner):
             if self.fused is not None and self.fused.run(plan, h, cos, sin, lora):
                 return h
             return self._forward_glued(plan, h, cos, sin, attn_out, lora)
+        if self.glue is not None and not self._pooled:
+            # a prompt chunk, or a step wider than the kernels: the glue's norms and RoPE too,
+            # their rows over all the runner's threads (a step of four 256-token prompts spent
+            # ~110 of 830 ms in HF's norm, RoPE and their casts)
+            return self._forward_glued(plan, h, cos, sin, attn_out, lora, threads=self.threads)
         for li, layer in enumerate(self.layers):
             self._check_preempt(li)
             a = layer.self_attn
@@ -222,33 +227,34 @@ class PagedLlamaRunner(_SamplingRunner):
             raise StepPreempted(f"in layer {li}, before its MLP" if mlp else f"at layer {li}")
 
     def _forward_glued(self, plan: StepPlan, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                       attn_out: torch.Tensor, lora: LoraStep | None = None) -> torch.Tensor:
+                       attn_out: torch.Tensor, lora: LoraStep | None = None, threads: int = 1) -> torch.Tensor:
         """`_forward` for a quantized step with the C glue: each residual add and the norm
-        after it in one call, RoPE in place (the same arithmetic as HF's modules)."""
+        after it in one call, RoPE in place (the same arithmetic as HF's modules); with
+        `threads`, their rows shared out over that many OpenMP threads (outside the step pool)."""
         glue, fam, layers = self.glue, self.family, self.layers
         nh, nkv, d = self.n_heads, self.n_kv, self.head_dim
         x = self.kv.scratch("glue_x", tuple(h.shape))
         # long contexts: attention goes parallel (OpenMP), so the step pool sleeps through it
-        pause = (self.step_pool is not None and self.decode_kernel is not None and self.threads > 1
+        pause = (self._pooled and self.decode_kernel is not None and self.threads > 1
                  and sum(int(g.ctx.sum()) for g in plan.decode) * nkv * d >= ATTENTION_PARALLEL_MIN)
-        glue.add_rmsnorm(h, None, layers[0].input_layernorm, x)
+        glue.add_rmsnorm(h, None, layers[0].input_layernorm, x, threads)
         for li, layer in enumerate(layers):
             self._check_preempt(li)
             a = layer.self_attn
             lo = None if lora is None else lora.layer(li)
             q, k, v = project_qkv(fam, a, x, nh, nkv, d, lo)
-            if not glue.rope(q, cos, sin):
+            if not glue.rope(q, cos, sin, threads):
                 q = apply_rope(q, cos, sin)
-            if not glue.rope(k, cos, sin):
+            if not glue.rope(k, cos, sin, threads):
                 k = apply_rope(k, cos, sin)
             self.kv.write(li, plan.slots, k, v)
             with self.step_pool.paused() if pause else contextlib.nullcontext():
                 paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap, self.decode_kernel)
-            glue.add_rmsnorm(h, self._o_proj(a, attn_out, lo), layer.post_attention_layernorm, x)
+            glue.add_rmsnorm(h, self._o_proj(a, attn_out, lo), layer.post_attention_layernorm, x, threads)
             self._check_preempt(li, mlp=True)
             m = self._mlp(layer.mlp, x, lo)
             if li + 1 < len(layers):
-                glue.add_rmsnorm(h, m, layers[li + 1].input_layernorm, x)
+                glue.add_rmsnorm(h, m, layers[li + 1].input_layernorm, x, threads)
             else:
                 h.add_(m)
         return h

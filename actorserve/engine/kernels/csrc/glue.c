@@ -183,3 +183,32 @@ void silu_mul(const void *gu, void *act, int I, int r0, int r1, int bf16) {
         }
     }
 }
+
+/* The same, with the rows shared out over `nthreads` OpenMP threads in contiguous ranges (a
+ * prompt chunk's rows, outside the step pool): each row is still computed by one thread with
+ * the code above, so the bits do not depend on the split. */
+void add_rmsnorm_mt(void *h, const void *delta, long delta_stride, const void *w, float eps,
+                    void *out, long out_stride, int rows, int D, int bf16, int nthreads) {
+    const size_t esz = bf16 ? 2 : 4;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < nthreads; t++) {
+        const int r0 = (int)((long)rows * t / nthreads), r1 = (int)((long)rows * (t + 1) / nthreads);
+        if (r0 < r1)
+            add_rmsnorm((char *)h + (size_t)r0 * D * esz,
+                        delta ? (const char *)delta + (size_t)r0 * delta_stride * esz : NULL, delta_stride, w,
+                        eps, (char *)out + (size_t)r0 * out_stride * esz, out_stride, r1 - r0, D, bf16);
+    }
+}
+
+void rope_mt(void *x, long row_stride, int rows, int heads, int d, const void *cos, const void *sin,
+             int rd, int bf16, int nthreads) {
+    const size_t esz = bf16 ? 2 : 4;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < nthreads; t++) {
+        const int r0 = (int)((long)rows * t / nthreads), r1 = (int)((long)rows * (t + 1) / nthreads);
+        if (r0 < r1)
+            rope((char *)x + (size_t)r0 * row_stride * esz, row_stride, r1 - r0, heads, d,
+                 (const char *)cos + (size_t)r0 * rd * esz, (const char *)sin + (size_t)r0 * rd * esz, rd, bf16);
+    }
+}
+
