@@ -73,20 +73,23 @@ def causal_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     nkv = k.shape[1]
     g = nh // nkv
     end = start + n
-    kt = k[:end].permute(1, 2, 0)                        # [nkv, d, end]
-    vh = v[:end].transpose(0, 1)                         # [nkv, end, d]
+    # laid out once a chunk, so that no block's product copies its operands: K^T and V of each
+    # KV head contiguous (a block reads a prefix of their columns / rows), and the queries
+    # ordered (KV head, query, head of the group), so a block's rows are one slice
+    kt = k[:end].permute(1, 2, 0).contiguous()           # [nkv, d, end]
+    vh = v[:end].transpose(0, 1).contiguous()            # [nkv, end, d]
+    qh = q.view(n, nkv, g, d).permute(1, 0, 2, 3).contiguous()   # [nkv, n, g, d]
     folded = power_of_two(scale)
     if folded:      # the queries scaled first: the same bits (see `power_of_two`), one pass less
-        q = q * scale
-    qh = q.view(n, nkv, g, d).permute(1, 2, 0, 3)        # [nkv, g, n, d]
+        qh.mul_(scale)
     for s in range(0, n, BLOCK):
         e = min(n, s + BLOCK)
         b = e - s
         seen = start + e                                 # keys this block's last query sees
-        scores = torch.bmm(qh[:, :, s:e].reshape(nkv, g * b, d), kt[:, :, :seen])
+        scores = torch.bmm(qh[:, s:e].view(nkv, b * g, d), kt[:, :, :seen])
         if not folded:
             scores.mul_(scale)
-        scores.view(nkv, g, b, seen)[..., start + s:seen].masked_fill_(_mask(b), float("-inf"))
+        scores.view(nkv, b, g, seen)[..., start + s:seen].masked_fill_(_mask(b)[:, None], float("-inf"))
         p = torch.softmax(scores, dim=-1)               # float32 inside, rounded to bf16 once
-        o = torch.bmm(p, vh[:, :seen])                   # [nkv, g * b, d]
-        out[s:e].copy_(o.view(nkv, g, b, d).permute(2, 0, 1, 3).reshape(b, nh, d))
+        o = torch.bmm(p, vh[:, :seen])                   # [nkv, b * g, d]
+        out[s:e].view(b, nkv, g, d).copy_(o.view(nkv, b, g, d).transpose(0, 1))
