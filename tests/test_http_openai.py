@@ -166,3 +166,32 @@ async def test_auth_and_body_limit(tiny):
         assert resp.status == 413
         assert_error(await resp.json())
         assert (await http.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})).status == 200
+
+
+async def test_a_streamed_chats_role_chunk_goes_out_with_its_first_token(tiny):
+    """The role chunk is not sent at acceptance but with the choice's first output, as vLLM's
+    and SGLang's servers send it: clients that time the first chunk (`vllm bench serve`) took
+    the early one for the first token. While generation is paused the accepted request has
+    nothing on the wire; once it continues, the role chunk comes first, then the tokens."""
+    import asyncio
+
+    from waiting import until
+
+    async with serve(tiny, api_key=KEY) as (http, rt):
+        hdr = {"Authorization": f"Bearer {KEY}"}
+        assert (await http.post("/pause_generation", json={"mode": "in_place"}, headers=hdr)).status == 200
+        body = {"model": NAME, "messages": MSGS, "max_tokens": 3, "stream": True, "ignore_eos": True}
+        task = asyncio.ensure_future(http.post("/v1/chat/completions", json=body, headers=hdr))
+        await until(lambda: rt.stats().live_requests == 1, what="the request was not accepted")
+        for _ in range(200):        # loop turns, not time: any write would have reached the client
+            await asyncio.sleep(0)
+        assert not task.done() or task.result().content.total_bytes == 0
+        assert (await http.post("/continue_generation", json={}, headers=hdr)).status == 200
+        resp = await task
+        assert resp.status == 200
+        events = [json.loads(line[6:]) for line in (await resp.text()).splitlines()
+                  if line.startswith("data: {")]
+        assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert all("role" not in e["choices"][0]["delta"] for e in events[1:] if e["choices"])
+        assert sum(1 for e in events if e["choices"] and e["choices"][0]["delta"].get("content")) >= 1
+        await settle(rt)
