@@ -23,15 +23,20 @@ def g():
     return lib
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_add_rmsnorm_is_the_residual_add_then_hf_llama_rmsnorm(g, dtype):
+def _llama_norm(dtype: torch.dtype, seed: int):
+    """HF's LlamaRMSNorm over 576 numbers with a weight that matters (seeded), in `dtype`."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     norm = LlamaRMSNorm(576, eps=1e-5)
     with torch.no_grad():
         norm.weight.normal_(1.0, 0.3)
-    norm = norm.to(dtype)
+    return norm.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rmsnorm_is_the_residual_add_then_hf_llama_rmsnorm(g, dtype):
+    norm = _llama_norm(dtype, seed=0)
     for rows in (1, 3, 8):
         h = (torch.randn(rows, 576) * 4).to(dtype)
         wide = (torch.randn(rows, 700)).to(dtype)
@@ -109,14 +114,8 @@ def test_a_prompt_chunks_rows_over_threads_give_the_bits_of_one_thread(g, dtype)
     """`threads`: a prompt chunk's norms and RoPE with their rows over OpenMP threads compute
     every row as one thread does (rows a split of their own: 64, 65, 300; strided delta and
     output; partial rotary), and fewer than `MT_ROWS` rows stay on the caller."""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
     assert glue.MT_ROWS == 64
-    torch.manual_seed(3)
-    norm = LlamaRMSNorm(576, eps=1e-5)
-    with torch.no_grad():
-        norm.weight.normal_(1.0, 0.3)
-    norm = norm.to(dtype)
+    norm = _llama_norm(dtype, seed=3)
     for rows in (64, 65, 300):
         h = (torch.randn(rows, 576) * 4).to(dtype)
         delta = torch.randn(rows, 700).to(dtype)[:, 50:626]
