@@ -115,6 +115,8 @@ class PagedLlamaRunner(_SamplingRunner):
         self.decode_rows = self.kernel_rows if quantized and self.decode_kernel is not None else 0
         self.glue = (glue_mod.load() if quantized and not family.sandwich
                      and glue_mod.usable(self.layers, self.dtype) else None)
+        # whether the final norm is of the kind the glue computes too (`_final_norm`)
+        self._final_norm_glued = glue_mod.norm_usable(self.base.norm, self.dtype)
         act = getattr(cfg, "hidden_act", None)
         self._silu_mlp = act == "silu" and all(hasattr(self.layers[0].mlp, a)
                                                for a in ("gate_proj", "up_proj", "down_proj"))
@@ -187,14 +189,14 @@ class PagedLlamaRunner(_SamplingRunner):
         h = self.base.embed_tokens(plan.input_ids)
         cos, sin = self._rope(plan.positions, h)
         attn_out = self.kv.scratch("attn", (T, nh * d))
-        if self.glue is not None and T <= self.kernel_rows and (self._pooled or self.step_pool is None):
-            if self.fused is not None and self.fused.run(plan, h, cos, sin, lora):
-                return h
-            return self._forward_glued(plan, h, cos, sin, attn_out, lora)
-        if self.glue is not None and not self._pooled:
-            # a prompt chunk, or a step wider than the kernels: the glue's norms and RoPE too,
-            # their rows over all the runner's threads (a step of four 256-token prompts spent
-            # ~110 of 830 ms in HF's norm, RoPE and their casts)
+        if self.glue is not None:
+            if T <= self.kernel_rows and (self._pooled or self.step_pool is None):
+                if self.fused is not None and self.fused.run(plan, h, cos, sin, lora):
+                    return h
+                return self._forward_glued(plan, h, cos, sin, attn_out, lora)
+            # a prompt chunk, or a step wider than the kernels (never pooled): the glue's norms
+            # and RoPE too, their rows over all the runner's threads (a step of four 256-token
+            # prompts spent ~110 of 830 ms in HF's norm, RoPE and their casts)
             return self._forward_glued(plan, h, cos, sin, attn_out, lora, threads=self.threads)
         for li, layer in enumerate(self.layers):
             self._check_preempt(li)
@@ -298,7 +300,7 @@ class PagedLlamaRunner(_SamplingRunner):
         sampling of the members whose step ends a token."""
         owed = prompt_lp.owed_rows(batch, plan.last_rows)
         if owed:      # the prompt rows of sequences that asked for prompt logprobs
-            prompt_lp.score_rows(owed, lambda a, b: self._logits(self.base.norm(h[a:b])))
+            prompt_lp.score_rows(owed, lambda a, b: self._logits(self._final_norm(h[a:b])))
         members = [i for i, (seq, n) in enumerate(batch)
                    if n > 0 and seq.num_computed + n == seq.num_tokens + len(seq.draft)]
         spec = [i for i in members if batch[i][0].draft]
@@ -317,14 +319,14 @@ class PagedLlamaRunner(_SamplingRunner):
         return outputs
 
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """The model's final norm of the rows `x`: one C call where the glue computes the
-        layers' norms (the same class of norm: `glue.usable`), else the module."""
-        norm = self.base.norm
-        if self.glue is not None and x.is_contiguous() and glue_mod.norm_usable(norm, x.dtype):
+        """The model's final norm of the rows `x` (sampled rows, prompt-logprob rows, draft
+        rows alike): one C call where the glue computes the layers' norms and the final one is
+        of the same kind (`glue.norm_usable`, checked at load), else the module."""
+        if self.glue is not None and self._final_norm_glued and x.is_contiguous():
             out = torch.empty_like(x)
-            self.glue.add_rmsnorm(x, None, norm, out)
+            self.glue.add_rmsnorm(x, None, self.base.norm, out)
             return out
-        return norm(x)
+        return self.base.norm(x)
 
 
     def _verify(self, outputs: list[SeqOutput], batch: list[tuple[Sequence, int]], spec: list[int],
@@ -338,7 +340,7 @@ class PagedLlamaRunner(_SamplingRunner):
             seq, n = batch[i]
             rows.extend(range(plan.last_rows[i] - n + 1, plan.last_rows[i] + 1))
             seqs.extend([seq] * n)
-        hidden = self.base.norm(h.index_select(0, torch.tensor(rows, dtype=torch.long)))
+        hidden = self._final_norm(h.index_select(0, torch.tensor(rows, dtype=torch.long)))
         per_row = [SeqOutput(s) for s in seqs]
         self._finish(per_row, seqs, list(range(len(seqs))), hidden, lambda idx: self._logits(hidden[idx]))
         at = 0

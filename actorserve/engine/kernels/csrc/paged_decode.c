@@ -209,8 +209,8 @@ static inline void token_rows(const int32_t *tab, int p0, int tn, int bs, size_t
  * (then V) rows are walked as one run of 2 L token rows: position q < L is K's token q, q >= L
  * V's token q - L, so the K pass's last prefetches already bring the V pass's first rows. The
  * blocks lie anywhere in the cache and the hardware prefetchers lose the stream at every block
- * boundary: without this the attention of a decode step read its cache at a third of the
- * machine's bandwidth (docs/engine.md). Into L1 (`prefetcht0`) measured no better than none:
+ * boundary: without this the attention of a decode step read its cache at a fifth to a third
+ * of the machine's read bandwidth (docs/engine.md). Into L1 (`prefetcht0`) measured no better than none:
  * the L1's few miss buffers fill and the prefetches stall the loop. Only the unit's heads
  * [h0, h1) are asked for (a unit a head: the other heads are other threads' units). */
 static inline void prefetch_run(const void *K, const void *V, const int32_t *tab, int q0, int L, int bs,
