@@ -100,7 +100,7 @@ def test_it_takes_long_bf16_chunks_only():
 
 @pytest.mark.model
 def test_a_long_bf16_prompt_prefills_as_with_sdpa(monkeypatch):
-    """SmolLM2 in bf16, a ~400-token prompt: the blocked path is taken (counted) and the
+    """SmolLM2 in bf16, a ~400-token prompt: `causal` is taken (counted) and the
     prompt's next-token logits stay within bf16's distance of SDPA's, same greedy token."""
     from actorserve.engine.runners.runner import build_engine
     from actorserve.engine.scheduling.params import SamplingParams
@@ -113,8 +113,8 @@ def test_a_long_bf16_prompt_prefills_as_with_sdpa(monkeypatch):
     assert 300 < len(ids) < 900
 
     calls = []
-    real = pa.causal_blocked
-    monkeypatch.setattr(pa, "causal_blocked", lambda *a: calls.append(1) or real(*a))
+    real = pa.causal
+    monkeypatch.setattr(pa, "causal", lambda *a: calls.append(1) or real(*a))
 
     def prefill_logits(chunks: tuple[int, ...] = (len(ids),)) -> tuple[torch.Tensor, int]:
         """The prompt's next-token logits and token, prefilled in `chunks` (token counts)."""
@@ -134,10 +134,13 @@ def test_a_long_bf16_prompt_prefills_as_with_sdpa(monkeypatch):
 
     min_rows = pa.MIN_ROWS
     blocked, tok_blocked = prefill_logits()
-    assert len(calls) == len(engine.layers)                  # every layer took the blocks
+    assert len(calls) == len(engine.layers)                  # every layer took the path (kernel or blocks)
     monkeypatch.setattr(pa, "MIN_ROWS", 10 ** 9)
+    loaded = pa.prefill_kernel.load
+    monkeypatch.setattr(pa.prefill_kernel, "load", lambda mode=None: (None, "off"))
     sdpa, tok_sdpa = prefill_logits()
     assert len(calls) == len(engine.layers)                  # ...and not with the path off
+    monkeypatch.setattr(pa.prefill_kernel, "load", loaded)
     top2 = sdpa.topk(2).values
     err = float((blocked - sdpa).abs().max())
     assert err < 0.05 * float(sdpa.max() - sdpa.min()), err
@@ -149,6 +152,8 @@ def test_a_long_bf16_prompt_prefills_as_with_sdpa(monkeypatch):
     # continues the first's KV through the blocks, and ends where one chunk ends
     calls.clear()
     chunked, _ = prefill_logits((100, len(ids) - 100))
-    assert len(calls) == len(engine.layers)                  # the second chunk's layers (the first is short)
+    # the second chunk's layers; the first's too where the kernel runs (it takes any length)
+    kernel = pa.prefill_kernel.load()[0] is not None
+    assert len(calls) == len(engine.layers) * (2 if kernel else 1)
     err = float((chunked - blocked).abs().max())
     assert err < 0.05 * float(blocked.max() - blocked.min()), err

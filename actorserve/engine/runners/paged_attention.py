@@ -298,22 +298,18 @@ def paged_attention(q: torch.Tensor, kv: PagedKV, layer: int, plan: StepPlan, ou
         else:
             out.index_copy_(0, g.rows, o)
     for c in plan.chunks:
+        if softcap is None and prefill_attention.takes(q, c.n, c.start):   # bf16 (its docstring)
+            k, v = kv.gather(layer, c.blocks, "c")
+            prefill_attention.causal(q[c.row:c.row + c.n], k, v, scale,
+                                     out[c.row:c.row + c.n].view(c.n, nh, d), c.start)
+            continue
         if c.start == 0 and softcap is None:        # a prompt from position 0: causal, no mask
             k, v = kv.gather(layer, c.blocks, "c")  # (its padding lies past every query)
-            if prefill_attention.takes(q, c.n):     # bf16: blocks of bf16 products (its docstring)
-                prefill_attention.causal_blocked(q[c.row:c.row + c.n], k, v, scale,
-                                                 out[c.row:c.row + c.n].view(c.n, nh, d))
-                continue
             k = k.view(1, -1, nkv, d).transpose(1, 2)
             v = v.view(1, -1, nkv, d).transpose(1, 2)
             qh = q[c.row:c.row + c.n].transpose(0, 1).unsqueeze(0)             # [1, nh, n, d]
             o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=group > 1)
             out[c.row:c.row + c.n].view(c.n, nh, d).copy_(o[0].transpose(0, 1))
-            continue
-        if softcap is None and prefill_attention.takes(q, c.n, c.start):   # after cached context
-            k, v = kv.gather(layer, c.blocks, "c")
-            prefill_attention.causal_blocked(q[c.row:c.row + c.n], k, v, scale,
-                                             out[c.row:c.row + c.n].view(c.n, nh, d), c.start)
             continue
         qc = q[c.row:c.row + c.n].view(c.n, nkv, group, d).permute(1, 2, 0, 3)
         qc = qc.reshape(1, nkv, group * c.n, d)

@@ -1,6 +1,8 @@
-"""Causal attention of a bfloat16 prompt chunk, in query blocks (issue 27, item 3).
+"""Causal attention of a bfloat16 prompt chunk (issue 27, item 3): `causal` takes the C kernel
+(`kernels.prefill_kernel`, every bf16 chunk, where the CPU has avx512_bf16) or else the torch
+query blocks below (`causal_blocked`, long chunks; shorter ones keep SDPA).
 
-Why. SDPA's CPU flash kernel reached about 67 GFLOP/s at head size 64, so attention took a
+The torch blocks. Why. SDPA's CPU flash kernel reached about 67 GFLOP/s at head size 64, so attention took a
 third of a 1,024-token prefill while its FLOPs are a seventh. Here each block of `BLOCK`
 queries is two batched bf16 matrix products (oneDNN) over the keys up to the block's end, with
 the softmax between them. Per layer of SmolLM2-135M (9 heads, 3 KV heads, d = 64), 2-core AMD
@@ -33,6 +35,8 @@ import math
 
 import torch
 
+from ..kernels import prefill_kernel
+
 BLOCK = 128            # queries a block
 MIN_ROWS = 2 * BLOCK   # shorter chunks from position 0 keep SDPA (its causal flash kernel)
 MIN_ROWS_AFTER = 32    # a chunk after cached context: shorter ones keep SDPA (with its mask)
@@ -59,9 +63,24 @@ def power_of_two(scale: float) -> bool:
 
 
 def takes(q: torch.Tensor, n: int, start: int = 0) -> bool:
-    """Whether a chunk of `n` query rows of `q`'s dtype whose first token is at position
-    `start` goes through `causal_blocked`."""
-    return q.dtype is torch.bfloat16 and n >= (MIN_ROWS if start == 0 else MIN_ROWS_AFTER)
+    """Whether a chunk of `n` query rows of `q`'s dtype and head size whose first token is at
+    position `start` goes through `causal`: every bf16 chunk where the C kernel runs (it is
+    faster than SDPA at every length), else long enough ones for the torch blocks."""
+    if q.dtype is not torch.bfloat16:
+        return False
+    if q.shape[-1] in prefill_kernel.HEAD_SIZES and prefill_kernel.load()[0] is not None:
+        return True
+    return n >= (MIN_ROWS if start == 0 else MIN_ROWS_AFTER)
+
+
+def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, out: torch.Tensor,
+           start: int = 0) -> None:
+    """`causal_blocked`'s contract, through the C kernel where it takes the chunk."""
+    kernel = prefill_kernel.load()[0]
+    if kernel is not None and kernel.takes(q, k, v, out):
+        kernel.run(q, k, v, scale, out, start)
+    else:
+        causal_blocked(q, k, v, scale, out, start)
 
 
 def causal_blocked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
