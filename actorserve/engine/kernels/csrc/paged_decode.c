@@ -169,6 +169,29 @@ static inline float vmax(vf a) {
 static inline void softmax_row(float *restrict sr, int L, float softcap) {
     if (softcap > 0.f)
         for (int p = 0; p < L; p++) sr[p] = tanhf(sr[p] / softcap) * softcap;
+#if defined(__AVX512F__)
+    {   /* 16 lanes a step (`exp16`): the compiler's vectorization of the loops below left the
+         * max and the exponentials' rounding scalar (the prefill kernel measured its softmax
+         * 1.7x faster this way) */
+        const int full = L & ~15;
+        const __mmask16 tail = (__mmask16)((1u << (L - full)) - 1u);
+        __m512 mv = _mm512_set1_ps(-INFINITY), sv = _mm512_setzero_ps();
+        for (int p = 0; p < full; p += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sr + p));
+        mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, sr + full));
+        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+        for (int p = 0; p < full; p += 16) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + p), mx));
+            _mm512_storeu_ps(sr + p, e);
+            sv = _mm512_add_ps(sv, e);
+        }
+        const __m512 et = _mm512_maskz_mov_ps(tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sr + full), mx)));
+        sv = _mm512_add_ps(sv, et);
+        const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sv));
+        for (int p = 0; p < full; p += 16) _mm512_storeu_ps(sr + p, _mm512_mul_ps(_mm512_loadu_ps(sr + p), inv));
+        _mm512_mask_storeu_ps(sr + full, tail, _mm512_mul_ps(et, inv));
+        return;
+    }
+#endif
     float m = -INFINITY, sum = 0.f;
     for (int p = 0; p < L; p++) m = sr[p] > m ? sr[p] : m;
     #pragma omp simd reduction(+:sum)

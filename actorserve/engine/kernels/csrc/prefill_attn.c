@@ -31,6 +31,8 @@
 #include <immintrin.h>
 #endif
 
+#include "exp_neg.h"
+
 #define QB 16      /* queries a unit */
 #define MR 8       /* score rows a register block (times two key tiles) */
 #define MAX_GROUP 16   /* query heads a KV head, at most */
@@ -96,24 +98,6 @@ static inline __attribute__((always_inline)) void pv_rows(
     for (int i = 0; i < M; i++)
         for (int c = 0; c < C; c++)
             _mm256_storeu_si256((__m256i *)(o[i] + 16 * c), (__m256i)_mm512_cvtneps_pbh(acc[i][c]));
-}
-
-/* exp(x) of 16 lanes, x <= 0: exp_neg's arithmetic (x = n ln2 + r, the same polynomial), with
- * n rounded to nearest even by `vrndscaleps` and 2^n applied by `vscalefps`. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* Row r of the unit's scores (length `lim`, its causal limit): softmax, written back as bf16
