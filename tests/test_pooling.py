@@ -302,7 +302,7 @@ async def test_cli_flags_and_built_server(tmp_path):
         # the tiny model's random weights are not 4-bit blocks: auto keeps every step dense
         assert cfg.model.quantization == "auto" and info["quantization"] is None
         paths = info["engine_paths"]
-        assert set(paths) == {"decode", "prefill"} and "not exact 4-bit blocks" in paths["decode"]
+        assert set(paths) == {"decode", "prefill", "prefill attention"} and "not exact 4-bit blocks" in paths["decode"]
         assert ("weights packed at load" in paths["prefill"]) == dense._ops_available()
     bad = serve_cli.config_from_args(p.parse_args(["--model", "tiny", "--kv-blocks", "8",
                                                    "--embedding-model", str(clf)]))

@@ -110,6 +110,9 @@ def test_auto_quantizes_only_the_linears_whose_blocks_are_exact():
     assert (f"up to {quant.Q8_BF16_ROWS} rows" in chosen[f"decode <= {quant.MAX_ROWS} rows"]) == dots
     assert "dense bfloat16" in chosen["prefill"]
     assert f"at most {rep.kernel_rows} tokens with a prompt chunk runs as decode rows" in chosen["prefill"]
+    kernel = "avx512_bf16" in cpu_bf16_flags() and cbuild.compiler() is not None
+    assert chosen["prefill attention"].startswith("C kernel" if kernel else "torch")   # what runs here
+    assert paths.phase_paths(rep, torch.float32, "asked for")["prefill attention"].startswith("torch SDPA")
     lossy_only = torch.nn.Module()
     lossy_only.lin = _exact_and_lossy().lossy
     assert quant.quantize_model(lossy_only, "auto") is None          # nothing exact: all dense

@@ -5,17 +5,11 @@ of a prefill left: torch's blocked products (`prefill_attention.causal_blocked`)
 their time in the softmax between the two products and in copies, and SDPA's CPU kernel was
 slower still. The kernel packs each KV head's K and V once a call into the layouts
 `vdpbf16ps` multiplies directly, and computes each unit's scores, softmax and weighted sum of V
-in registers and L2 (per layer of SmolLM2-135M, bf16, 2-core AMD EPYC, best of 15, with the
-server's OpenMP spin; the blocks / the kernel):
-
-| prompt tokens | 256 | 1,024 | 2,048 |
-|---|---:|---:|---:|
-| torch blocks | 0.80 ms | 7.13 | 23.7 |
-| kernel | 0.26 ms | 3.52 | 13.9 |
-
-and against SDPA for short chunks: 32 tokens 0.018 ms vs 0.070, 128 tokens 0.131 vs 0.582,
-16 tokens after 300 of context 0.083 vs 0.255 (SDPA with its mask). So every bf16 chunk takes
-it, whatever its length.
+in registers and L2. One layer of SmolLM2-135M, bf16, 2-core AMD EPYC
+(`benchmarks/prefill_attention.py`): 256 / 1,024 / 2,048 prompt tokens 0.26 / 3.5 / 13.8 ms
+against torch's blocked products' 0.80 / 9.2 / 32.3 and SDPA's 1.1 / 12.3 / 41.2; 32 tokens 0.014
+against SDPA's 0.047, 16 after 300 of context 0.063 against 0.147. So every bf16 chunk takes it,
+whatever its length.
 
 Where. CPUs with avx512_bf16 (AMD Zen 4 and later, Intel Cooper Lake, Sapphire Rapids and
 later), head sizes 64 and 128, at most 16 query heads a KV head, no logit soft-capping. Elsewhere

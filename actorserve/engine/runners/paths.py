@@ -6,9 +6,22 @@ from __future__ import annotations
 import torch
 
 from ..weights.dtype import cpu_bf16_flags
+from ..kernels import prefill_kernel
 from ..kernels.quant import MAX_ROWS, Q8_BF16_ROWS, QuantReport, _act8_simd
 
-__all__ = ["phase_paths"]
+__all__ = ["phase_paths", "prefill_attention_path"]
+
+
+def prefill_attention_path(dtype: torch.dtype) -> str:
+    """What a prompt chunk's causal attention runs (`prefill_attention.causal`), and why."""
+    if dtype is not torch.bfloat16:
+        return f"torch SDPA ({str(dtype).removeprefix('torch.')} chunks; the kernel and the blocks are bf16)"
+    kernel, why = prefill_kernel.load()
+    if kernel is not None:
+        return (f"{why}: every chunk of head size {' or '.join(map(str, prefill_kernel.HEAD_SIZES))} "
+                "without soft-capping (faster than SDPA at every length); other chunks torch")
+    return (f"{why}: bf16 query blocks of oneDNN products from 256 tokens (32 after cached context), "
+            "SDPA for shorter chunks")
 
 
 def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, asked: str = "none",
@@ -22,7 +35,8 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
     if report is None:
         why = ("auto: the weights are not exact 4-bit blocks, so a quantized copy would change them"
                if asked == "auto" else "--quantization none")
-        return {"decode": f"{dense_path} ({why})", "prefill": dense_path}
+        return {"decode": f"{dense_path} ({why})", "prefill": dense_path,
+                "prefill attention": prefill_attention_path(dtype)}
     if report.mode == "q4a8":
         act = "8-bit activations, avx512_vnni"
     elif dtype is torch.bfloat16 and "avx512_bf16" in cpu_bf16_flags():
@@ -47,4 +61,5 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
                         else f"{dense_path}; a step of at most {rows} tokens with a prompt chunk runs as "
                              "decode rows (the kernels above, each prompt row attending at its own length "
                              "through the in-place attention kernel)")
+    paths["prefill attention"] = prefill_attention_path(dtype)
     return paths
