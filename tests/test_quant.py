@@ -330,6 +330,46 @@ def test_grouped_projections_are_one_call_equal_to_their_members(dtype):
     assert not hasattr(torch.nn.Linear(32, 4), quant.QKV_GROUP)
 
 
+def test_the_q8_superblocks_hold_the_same_bytes_and_multiply_like_the_dequantized_weight():
+    """`repack_q8b16` regroups a q8 weight (an LM head kept as Q8_0) 16 output rows a superblock
+    (`csrc/q8b16.c`): for pair p, the 16 rows' weight 2p, then their weight 2p + 1, then their
+    d. Products of bfloat16 rows equal the dense product with the dequantized weights up to the
+    output's rounding, at every width (tiles of 12 and a remainder), float32 or bfloat16 out,
+    and every value of q (-128..127, exact as bf16); the step pool's split changes no bit; past
+    `max_rows`, and for float32 rows, the dense weight."""
+    ql = _linear("q8", 208, 352, seed=12)
+    lib = ql.lib
+    if not lib.b16:
+        pytest.skip("this CPU has no avx512_bf16: the superblock kernel is not built")
+    q, d = ql.w.q.clone(), ql.w.d
+    q[5, :256] = torch.arange(-128, 128, dtype=torch.int8)      # every int8 value once
+    sb = quant.repack_q8b16(q, d)
+    assert sb.shape == (13, 11, 544)
+    for blk, n, g, p in [(0, 0, 0, 0), (3, 5, 7, 9), (12, 15, 10, 15)]:
+        row = 16 * blk + n
+        assert int(sb[blk, g, 32 * p + n].view(torch.int8)) == int(q[row, 32 * g + 2 * p])
+        assert int(sb[blk, g, 32 * p + 16 + n].view(torch.int8)) == int(q[row, 32 * g + 2 * p + 1])
+    assert torch.equal(sb[2, 4, 512:544].view(torch.float16), d[32:48, 4])
+    w = quant._Weights(8, q, d, None, ql.w.bias)
+    assert w.b16_able()
+    w.use_b16(rows=40)
+    assert w.kind == 8 | quant.B16 and w.max_rows == 40
+    deq = quant.dequantize_q8(q, d)
+    pool = quant.StepPool(workers=1)
+    for rows in [1, 2, 5, 11, 12, 13, 24, 33, 40]:
+        x = (torch.randn(rows, 352) * 2).bfloat16()
+        want = F.linear(x.float(), deq, ql.module.bias.float())
+        y = torch.empty(rows, 208)                                   # float32 output: the sums
+        assert lib.qgemv(w.kind, x.data_ptr(), 1, rows, 352, *w.ptrs, 208, w.bias_ptr, y.data_ptr(), 0, 1) == 0
+        assert (y - want).abs().max() <= want.abs().max() * 1e-5, rows
+        got = w.run(lib, x)                                          # bfloat16 output: y rounded
+        assert torch.equal(got, y.bfloat16())
+        with pool:
+            assert torch.equal(w.run(lib, x), got)
+    assert w.run(lib, torch.randn(41, 352).bfloat16()) is None      # past max_rows: dense
+    assert w.run(lib, torch.randn(3, 352)) is None                   # float32 rows: dense
+
+
 @pytest.mark.model
 def test_a_bf16_load_and_reload_size_the_kernels_for_bf16():
     """A load quantizes from float32 and then casts (so does a weights reload): how wide a step
@@ -352,9 +392,11 @@ def test_a_bf16_load_and_reload_size_the_kernels_for_bf16():
         assert qkv.w.kind == layer.mlp.down_proj.forward.w.kind == 4 | quant.B16
         k = layer.self_attn.k_proj.forward.w
         assert k.sb16.untyped_storage().data_ptr() == qkv.w.sb16.untyped_storage().data_ptr()
-        assert model.lm_head.forward.w.sb16 is None          # q8: not this layout
-    # the LM head (the GGUF's tied q8 embedding) has no dot path: at most Q8_BF16_ROWS rows
-    head = min(want, quant.Q8_BF16_ROWS)
+        head_w = model.lm_head.forward.w                   # q8, in q8b16.c's superblocks
+        assert head_w.kind == 8 | quant.B16 and head_w.sb16 is not None
+    # the LM head (the GGUF's tied q8 embedding): up to Q8_B16_ROWS rows in the superblocks, else
+    # no dot path and at most Q8_BF16_ROWS rows
+    head = quant.Q8_B16_ROWS if b16 else min(want, quant.Q8_BF16_ROWS)
     assert model.lm_head.forward.kind == "q8"
     assert model.actorserve_quant.kernel_rows == want
     assert model.model.layers[0].mlp.down_proj.forward.w.max_rows == want

@@ -5,6 +5,7 @@
 * q8: GGUF's Q8_0, ``w = d * q``, q int8, d float16;
 * `repack_n16`: q4 regrouped 16 output rows a superblock (`csrc/q4n16.c`, 8-bit activations);
 * `repack_b16`: the same, another order of the nibbles (`csrc/q4b16.c`, bfloat16 activations).
+* `repack_q8b16`: q8 weights 16 output rows a superblock too (`csrc/q8b16.c`, bfloat16 activations).
 """
 
 from __future__ import annotations
@@ -78,3 +79,16 @@ def repack_b16(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.
     dd = d.reshape(nb, 16, G).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(nb, G, 32)
     mm = m.reshape(nb, 16, G).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(nb, G, 32)
     return torch.cat([nib, dd, mm], dim=-1).contiguous()
+
+
+def repack_q8b16(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """q8 (q int8 ``[N, K]``, d float16 ``[N, G]``) with N a multiple of 16 -> `csrc/q8b16.c`'s
+    superblocks, uint8 ``[N/16, G, 544]``: per 16 rows and group, for each pair p (0..15) the
+    16 rows' weight 2p, then their weight 2p + 1 (16 bytes each), then the 16 rows' d. The same
+    bytes, regrouped."""
+    N, K = q.shape
+    G, nb = K // 32, N // 16
+    pairs = q.reshape(nb, 16, G, 16, 2).permute(0, 2, 3, 4, 1).contiguous().view(torch.uint8).reshape(nb, G, 512)
+    dd = d.reshape(nb, 16, G).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(nb, G, 32)
+    return torch.cat([pairs, dd], dim=-1).contiguous()
+

@@ -51,10 +51,10 @@ from typing import Any
 import torch
 
 # the block formats (GGUF's Q4_1 and Q8_0) and the kernels' regroupings of them
-from .formats import GROUP, dequantize_q4, dequantize_q8, quantize_q4, quantize_q8, repack_b16, repack_n16  # noqa: F401
+from .formats import GROUP, dequantize_q4, dequantize_q8, quantize_q4, quantize_q8, repack_b16, repack_n16, repack_q8b16  # noqa: F401
 from ..runners import dense
 # csrc/qgemv.c's MAXM, and how wide a step the kernels take
-from .widths import B16_ROWS, DOT_ROWS, KERNEL_ROWS, MAX_ROWS, Q8_BF16_ROWS, _kernel_rows, kernel_rows, weight_rows  # noqa: F401
+from .widths import B16_ROWS, DOT_ROWS, KERNEL_ROWS, MAX_ROWS, Q8_B16_ROWS, Q8_BF16_ROWS, _kernel_rows, kernel_rows, weight_rows  # noqa: F401
 
 # the kernels' library (csrc/decode_step.c) and their step pool
 from .qlib import LIBRARY, StepPool, _Lib, step_pool  # noqa: F401
@@ -67,7 +67,7 @@ EXACT_TOL = 1e-5        # auto: a linear is "exact" when its re-quantized weight
 ACT8 = 16               # csrc/qgemv.c's QG_ACT8: a product of 8-bit activations (act8.c)
 N16 = 32                # csrc/qgemv.c's QG_N16: with ACT8, q4 in q4n16.c's superblocks
 N16_MAX_ROWS = 65536    # its N16_MAXM: the superblock kernel takes prefill too
-B16 = 64                # csrc/qgemv.c's QG_B16: q4 in q4b16.c's superblocks, bfloat16 activations
+B16 = 64                # csrc/qgemv.c's QG_B16: q4 (q8) in q4b16.c's (q8b16.c's) superblocks, bfloat16 activations
 
 
 def _parallel_min() -> int:
@@ -94,7 +94,8 @@ class _Weights:
     also held in `q4n16.c`'s superblocks (`sb`, or given: a group's members share its), which
     take any number of rows (prefill too), not only `MAX_ROWS`. A q4 weight of a bfloat16 model
     whose N is a multiple of 16 is held in `q4b16.c`'s superblocks as well (`sb16`, set by
-    `use_b16`): its products of bfloat16 rows take that kernel, up to `B16_ROWS` rows."""
+    `use_b16`): its products of bfloat16 rows take that kernel, up to `B16_ROWS` rows; a q8 one
+    (an LM head kept as Q8_0) in `q8b16.c`'s, up to `Q8_B16_ROWS`."""
 
     def __init__(self, bits: int, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
                  bias: torch.Tensor | None, act8: bool = False, sb: torch.Tensor | None = None) -> None:
@@ -112,15 +113,18 @@ class _Weights:
             self.max_rows = N16_MAX_ROWS
 
     def b16_able(self) -> bool:
-        """Whether this weight can take `q4b16.c`'s superblocks (q4, no 8-bit activations, N a
-        multiple of 16)."""
-        return self.bits == 4 and not self.act8 and self.m is not None and self.N % 16 == 0
+        """Whether this weight can take `q4b16.c`'s superblocks (q4) or `q8b16.c`'s (q8): no
+        8-bit activations, N a multiple of 16."""
+        return (not self.act8 and self.N % 16 == 0
+                and (self.bits == 4 and self.m is not None or self.bits == 8))
 
     def use_b16(self, sb16: torch.Tensor | None = None, rows: int = B16_ROWS) -> None:
-        """Hold the weights in `q4b16.c`'s superblocks too (`sb16`, or given: a group's members
-        share its) and send bfloat16 products of up to `rows` rows there."""
-        self.sb16 = sb16 if sb16 is not None else repack_b16(self.q, self.d, self.m)
-        self.kind = 4 | B16
+        """Hold the weights in `q4b16.c`'s (`q8b16.c`'s) superblocks too (`sb16`, or given: a
+        group's members share its) and send bfloat16 products of up to `rows` rows there."""
+        if sb16 is None:
+            sb16 = repack_b16(self.q, self.d, self.m) if self.bits == 4 else repack_q8b16(self.q, self.d)
+        self.sb16 = sb16
+        self.kind = self.bits | B16
         self.max_rows = rows
         self.rebind()
 
@@ -345,7 +349,7 @@ def quantize_model(model: Any, mode: str | None, dtype: torch.dtype | None = Non
             for mod in model.modules():
                 ql = getattr(mod, "forward", None) if isinstance(mod, torch.nn.Linear) else None
                 if isinstance(ql, QuantLinear) and ql.w.sb16 is None and ql.w.b16_able():
-                    ql.w.use_b16(rows=rows)
+                    ql.w.use_b16(rows=rows if ql.w.bits == 4 else min(rows, Q8_B16_ROWS))
     report = QuantReport(mode, layers, skipped, qbytes, dbytes, err, asked, rows, mode != "q4a8" and b16)
     log.info("quantization %s", report.describe())
     return report

@@ -54,12 +54,20 @@ def _kernel_rows() -> int:
 
 KERNEL_ROWS = _kernel_rows()
 
-# q8 weights (a q4 GGUF's tied embedding: SmolLM2's LM head) with bf16 activations: the dot
-# path is q4's only, so their products take the float loops, and from 6 rows on the packed dense
+# q8 weights (a q4 GGUF's tied embedding: SmolLM2's LM head) with bf16 activations where the
+# CPU has no avx512_bf16: their products take the float loops, and from 6 rows on the packed dense
 # weight wins. SmolLM2's LM head (49152 x 576) on the 2-core AMD EPYC, ms, median of 30, q8
 # kernel vs dense: 1 row 1.27 vs 2.83, 2 rows 1.67 vs 2.91, 4 rows 2.64 vs 3.28, 6 rows 3.97 vs
 # 2.59, 8 rows 3.68 vs 2.48, 16 rows 10.58 vs 3.77.
 Q8_BF16_ROWS = 4
+
+# ... and where it has avx512_bf16, in `q8b16.c`'s superblocks (16 output rows a register, the
+# int8 weights widened to bf16 in registers): SmolLM2's LM head, ms, the caches flushed before
+# each call (a 96 MB read, as a decode step's layers do), median of 10, best of 2 rounds, the
+# 2-core AMD EPYC, superblocks vs the float loops vs packed dense bf16: 1 row 1.18 vs 1.55 vs
+# 3.37, 4 rows 1.07 vs 2.55 vs 3.27, 8 rows 1.71 vs - vs 3.01, 12 rows 2.25 vs 3.82 (dense),
+# 16 rows 3.39 vs 3.63, 32 rows 5.40 vs 5.76; at 64 a tie. So up to 32 rows.
+Q8_B16_ROWS = 32
 
 
 def weight_rows(bits: int, dtype: torch.dtype | None, dot_path: bool) -> int:

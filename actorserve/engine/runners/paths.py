@@ -7,7 +7,7 @@ import torch
 
 from ..weights.dtype import cpu_bf16_flags
 from ..kernels import prefill_kernel
-from ..kernels.quant import MAX_ROWS, Q8_BF16_ROWS, QuantReport, _act8_simd
+from ..kernels.quant import MAX_ROWS, Q8_B16_ROWS, Q8_BF16_ROWS, QuantReport, _act8_simd
 
 __all__ = ["phase_paths", "prefill_attention_path"]
 
@@ -41,8 +41,11 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
         act = "8-bit activations, avx512_vnni"
     elif dtype is torch.bfloat16 and "avx512_bf16" in cpu_bf16_flags():
         layout = "16 output rows a register (q4b16 superblocks)" if report.b16 else "one output row at a time"
-        act = (f"bf16 activations: q4 through avx512_bf16 dot products, {layout}; the q8 LM head in "
-               f"float32 up to {Q8_BF16_ROWS} rows, dense from {Q8_BF16_ROWS + 1} (widths.Q8_BF16_ROWS)")
+        head = (f"the q8 LM head 16 output rows a register too up to {Q8_B16_ROWS} rows, dense from "
+                f"{Q8_B16_ROWS + 1} (widths.Q8_B16_ROWS)" if report.b16 else
+                f"the q8 LM head in float32 up to {Q8_BF16_ROWS} rows, dense from {Q8_BF16_ROWS + 1} "
+                "(widths.Q8_BF16_ROWS)")
+        act = f"bf16 activations: q4 through avx512_bf16 dot products, {layout}; {head}"
     else:
         act = "float activations"
     why = ("auto: the weights re-quantize exactly (they came from GGUF Q4_1/Q8_0 blocks), so the "

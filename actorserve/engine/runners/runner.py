@@ -147,7 +147,7 @@ class PagedLlamaRunner(_SamplingRunner):
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head, soft-capped as HF caps it (Gemma2's ``final_logit_softcapping``). In a
         narrow quantized step whose rows the head's kernel does not take (a q8 head past
-        `widths.Q8_BF16_ROWS`), the dense product runs on all the runner's threads with the
+        `widths.Q8_B16_ROWS`, or `Q8_BF16_ROWS` without avx512_bf16), the dense product runs on all the runner's threads with the
         step pool asleep: SmolLM2's head at 16 rows took 6.0-6.3 ms on one thread and 3.4-3.5
         on two (the 2-core AMD EPYC; 10-12 ms through the q8 kernel)."""
         if self._pooled and not kernel_takes(self.lm_head, hidden.shape[0]):

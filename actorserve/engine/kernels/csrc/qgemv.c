@@ -271,6 +271,7 @@ static inline uint16_t float_to_bf16(float f) {      /* round to nearest even */
 
 #include "q4n16.c"    /* q4 with 8-bit activations, 16 output rows a register */
 #include "q4b16.c"    /* q4 with bfloat16 activations, 16 output rows a register */
+#include "q8b16.c"    /* q8 likewise (an LM head kept as Q8_0) */
 
 /* One product's output rows [n0, n1), the unit a thread takes. */
 typedef struct {
@@ -281,7 +282,8 @@ typedef struct {
     const float *xd, *xdv;          /* act8: their scales */
     const int32_t *xinit;           /* q8a8: the lanes' starting sums */
     int n16;                        /* q4n16.c's layout: n0, n1 count blocks of 16 rows */
-    int b16;                        /* q4b16.c's layout (xb the bfloat16 input): the same */
+    int b16;                        /* q4b16.c's (kind 4) or q8b16.c's (kind 8) layout (xb the
+                                     * bfloat16 input): the same */
     const void *q;
     const uint16_t *d, *m;
     void *y;
@@ -299,6 +301,12 @@ static void run_rows(const job_t *j) {
     const float *xf = j->xf, *xs = j->xs;
     const uint16_t *d = j->d, *m = j->m;
 #ifdef HAVE_Q4B16
+    if (j->b16 && j->kind == 8) {
+        for (int nb = j->n0; nb < j->n1; nb++)
+            q8b16_block(j->xb, M, K, (const uint8_t *)j->q + (size_t)nb * G * Q8B16_SB, j->bias, j->y,
+                        j->y_bf16, N, nb * 16);
+        return;
+    }
     if (j->b16) {
         for (int nb = j->n0; nb < j->n1; nb++)
             q4b16_block(j->xb, xs, M, K, (const uint8_t *)j->q + (size_t)nb * G * B16_SB,
@@ -466,8 +474,8 @@ static void pair_order(const uint16_t *x, int M, int K, uint16_t *out) {
 /* y[M, N] = x[M, K] @ W^T (+ bias): `kind` 4 (q4: q packed nibbles, d and m) or 8 (q8: q int8,
  * d; m unused), either with the flag QG_ACT8 (16) multiplying 8-bit activations (act8.c;
  * for q8 the weights are then stored offset, q + 128 as uint8), q4 with QG_ACT8 | QG_N16 (48)
- * in q4n16.c's superblocks, or q4 with QG_B16 (68) in q4b16.c's (bfloat16 x only, where the
- * CPU has avx512_bf16: `qgemv_b16`); x and y float32 or bfloat16 (the flags), bias float32 or
+ * in q4n16.c's superblocks, or q4 with QG_B16 (68) in q4b16.c's, q8 with QG_B16 (72) in
+ * q8b16.c's (bfloat16 x only, where the CPU has avx512_bf16: `qgemv_b16`); x and y float32 or bfloat16 (the flags), bias float32 or
  * NULL.
  * x is widened once to float32 (with the per-group sums) before the rows are spread over the
  * threads: the step pool's while it is active, else `nthreads` OpenMP threads.
@@ -477,23 +485,24 @@ static void pair_order(const uint16_t *x, int M, int K, uint16_t *out) {
  * bfloat16 x or where it is not built) or no memory. */
 #define QG_ACT8 16
 #define QG_N16 32       /* with QG_ACT8: q4 in q4n16.c's layout (q: the superblocks; d, m unused) */
-#define QG_B16 64       /* q4 in q4b16.c's layout (q: the superblocks; d, m unused) */
+#define QG_B16 64       /* q4 (q8) in q4b16.c's (q8b16.c's) layout (q: the superblocks; d, m unused) */
 #define N16_MAXM 65536
 #define WIDE_MAXM 65536   /* q4 and q8 of float activations: any width, MAXM rows a pass */
 
 int qgemv(int kind, const void *x, int x_bf16, int M, int K, const void *q, const uint16_t *d,
           const uint16_t *m, int N, const float *bias, void *y, int y_bf16, int nthreads) {
-    const int act8 = (kind & QG_ACT8) != 0, n16 = kind == (4 | QG_ACT8 | QG_N16), b16 = kind == (4 | QG_B16);
+    const int act8 = (kind & QG_ACT8) != 0, n16 = kind == (4 | QG_ACT8 | QG_N16),
+              b16 = kind == (4 | QG_B16) || kind == (8 | QG_B16);
     kind &= ~(QG_ACT8 | QG_N16 | QG_B16);
     if (M < 1 || M > (n16 || b16 ? N16_MAXM : act8 ? MAXM : WIDE_MAXM) || K % 32 || (kind != 4 && kind != 8)
             || ((n16 || b16) && N % 16) || (b16 && (!x_bf16 || !qgemv_b16())))
         return -1;
     int G = K / 32;
 #ifdef HAVE_Q4B16
-    if (b16) {          /* the superblocks read x as it is: only the group sums are needed */
-        float *xs = malloc(sizeof(float) * (size_t)M * G);
-        if (!xs) return -1;
-        q4b16_sums((const uint16_t *)x, (size_t)M * G, xs);
+    if (b16) {          /* the superblocks read x as it is: only q4's group sums are needed */
+        float *xs = kind == 4 ? malloc(sizeof(float) * (size_t)M * G) : NULL;   /* q8: no m, no sums */
+        if (kind == 4 && !xs) return -1;
+        if (xs) q4b16_sums((const uint16_t *)x, (size_t)M * G, xs);
         job_t job = {.kind = kind, .M = M, .K = K, .N = N, .G = G, .y_bf16 = y_bf16, .n0 = 0,
                      .n1 = N / 16, .xs = xs, .bias = bias, .xb = (const uint16_t *)x, .b16 = 1,
                      .q = q, .d = d, .m = m, .y = y};
