@@ -356,7 +356,8 @@ def test_a_paused_step_pool_still_computes_and_resumes():
 
 
 def test_a_narrow_step_wider_than_the_q8_heads_kernel_runs_the_head_dense_on_every_thread():
-    """A bf16 q4 model's LM head is q8, whose kernel takes at most `Q8_BF16_ROWS` rows. A
+    """A bf16 q4 model's LM head is q8, whose kernel takes at most `Q8_B16_ROWS` rows
+    (`Q8_BF16_ROWS` without avx512_bf16). A
     narrow step (the step pool spinning, torch on one thread) of more rows multiplies through
     the dense head on all the runner's threads, the pool asleep; a step the kernel takes keeps
     it there, on the pool."""
@@ -379,14 +380,18 @@ def test_a_narrow_step_wider_than_the_q8_heads_kernel_runs_the_head_dense_on_eve
 def _narrow_head_steps(model) -> None:
     from test_model_families import PROMPTS, make
 
-    d, _ = make(model)
+    d, _ = make(model, num_blocks=512)        # 34 prompts where the head's kernel takes 32 rows
     eng = d.engine
     assert eng.step_pool is not None and eng.threads == 2
     head_rows = model.lm_head.forward.w.max_rows
-    assert head_rows == min(quant.Q8_BF16_ROWS, eng.kernel_rows) and model.lm_head.forward.kind == "q8"
+    # q8b16.c's superblocks where the q4 weights take q4b16.c's (avx512_bf16), else the float loops
+    b16 = model.lm_head.forward.w.sb16 is not None
+    assert b16 == bool(model.actorserve_quant.b16)
+    want = quant.Q8_B16_ROWS if b16 else quant.Q8_BF16_ROWS
+    assert head_rows == min(want, eng.kernel_rows) and model.lm_head.forward.kind == "q8"
     seen = []
     model.lm_head.register_forward_pre_hook(lambda m, a: seen.append((a[0].shape[0], torch.get_num_threads())))
-    prompts = (PROMPTS * 3)[:head_rows + 2]
+    prompts = (PROMPTS * (head_rows + 2))[:head_rows + 2]
     seqs = [d.new(f"r{i}", p) for i, p in enumerate(prompts)]
     d.step([(s, s.num_uncomputed) for s in seqs])
     for n in (2, head_rows + 2, 2):
