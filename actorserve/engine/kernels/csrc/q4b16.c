@@ -72,6 +72,15 @@ static void q4b16_sums(const uint16_t *x, size_t n, float *xs) {
     }
 }
 
+/* A tile's mt rows of 16 sums (plus the bias) into y, row r at y[at + r N], float32 or bf16. */
+static inline void b16_store(const __m512 *res, int mt, __m512 bv, void *y, int y_bf16, size_t at, int N) {
+    for (int r = 0; r < mt; r++, at += (size_t)N) {
+        const __m512 v = _mm512_add_ps(res[r], bv);
+        if (y_bf16) _mm256_storeu_si256((__m256i *)((uint16_t *)y + at), (__m256i)_mm512_cvtneps_pbh(v));
+        else _mm512_storeu_ps((float *)y + at, v);
+    }
+}
+
 /* Block nb of 16 output rows for all M input rows: tiles of B16_MT rows, the block's weights
  * staying in L1 from one tile to the next. */
 static void q4b16_block(const uint16_t *x, const float *xs, int M, int K, const uint8_t *sb,
@@ -90,12 +99,7 @@ static void q4b16_block(const uint16_t *x, const float *xs, int M, int K, const 
             default: q4b16_tile(xt, st, B16_MT, 1, K, sb, res);
 #undef B16T
         }
-        for (int r = 0; r < mt; r++) {
-            const __m512 v = _mm512_add_ps(res[r], bv);
-            const size_t at = (size_t)(r0 + r) * N + n0;
-            if (y_bf16) _mm256_storeu_si256((__m256i *)((uint16_t *)y + at), (__m256i)_mm512_cvtneps_pbh(v));
-            else _mm512_storeu_ps((float *)y + at, v);
-        }
+        b16_store(res, mt, bv, y, y_bf16, (size_t)r0 * N + n0, N);
     }
 }
 #define HAVE_Q4B16 1

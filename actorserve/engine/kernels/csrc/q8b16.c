@@ -59,12 +59,7 @@ static void q8b16_block(const uint16_t *x, int M, int K, const uint8_t *sb, cons
             default: q8b16_tile(xt, B16_MT, K, sb, res);
 #undef Q8T
         }
-        for (int r = 0; r < mt; r++) {
-            const __m512 v = _mm512_add_ps(res[r], bv);
-            const size_t at = (size_t)(r0 + r) * N + n0;
-            if (y_bf16) _mm256_storeu_si256((__m256i *)((uint16_t *)y + at), (__m256i)_mm512_cvtneps_pbh(v));
-            else _mm512_storeu_ps((float *)y + at, v);
-        }
+        b16_store(res, mt, bv, y, y_bf16, (size_t)r0 * N + n0, N);
     }
 }
 #endif
