@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from actorserve.engine.kernels import cbuild, glue, quant
 from actorserve.engine.runners.families import apply_rope
@@ -138,6 +139,37 @@ def test_a_prompt_chunks_rows_over_threads_give_the_bits_of_one_thread(g, dtype)
                 y = x.clone()
                 assert g.rope(y, cos, sin, threads)
                 assert torch.equal(y, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_chunks_silu_times_up_is_torchs_on_any_split(g, dtype):
+    """`silu_mul`: SiLU(gate) * up in place into gate, as torch's ``F.silu(g).mul_(u)`` rounds it
+    (SiLU to the dtype first), whether gate and up are the halves of one product's output or two
+    tensors; rows over 1-3 threads give the same bits (fewer than `MT_ROWS` stay on the caller);
+    what it does not take (3-D, mixed dtypes, a strided row) it leaves untouched (None)."""
+    for rows in (5, 64, 300):
+        gu = (torch.randn(rows, 2 * 1536) * 3).to(dtype)
+        want = F.silu(gu[:, :1536].clone()) * gu[:, 1536:]
+        got = []
+        for threads in (1, 2, 3):
+            x = gu.clone()
+            gate = x[:, :1536]
+            assert g.silu_mul(gate, x[:, 1536:], threads) is gate
+            got.append(gate.clone())
+        assert all(torch.equal(y, got[0]) for y in got)
+        tol = dict(atol=1e-2, rtol=1e-2) if dtype is torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[0].float(), want.float(), **tol)
+        # differences are bf16's: its rounding of SiLU, not another arithmetic
+        if dtype is torch.bfloat16:
+            assert (got[0].float() - want.float()).abs().le(want.float().abs() * 2 ** -7 + 1e-6).float().mean() > 0.999
+        sep_g, sep_u = gu[:, :1536].contiguous(), gu[:, 1536:].contiguous()
+        assert torch.equal(g.silu_mul(sep_g, sep_u, 2), got[0])
+    x = torch.randn(4, 8, 16).to(dtype)
+    assert g.silu_mul(x, x.clone()) is None
+    assert g.silu_mul(torch.randn(4, 16).to(dtype), torch.randn(4, 16).half()) is None
+    strided = torch.randn(4, 32).to(dtype)[:, ::2]
+    before = strided.clone()
+    assert g.silu_mul(strided, strided.clone()) is None and torch.equal(strided, before)
 
 
 def test_only_llama_style_norms_take_the_glue():

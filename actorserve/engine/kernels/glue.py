@@ -52,6 +52,9 @@ class Glue:
         self._rope_mt = lib.rope_mt
         self._rope_mt.argtypes = [p, L, i, i, i, p, p, i, i, i]
         self._rope_mt.restype = None
+        self._silu_mt = lib.silu_mul_mt
+        self._silu_mt.argtypes = [p, L, p, L, p, L, i, i, i, i]
+        self._silu_mt.restype = None
 
     def add_rmsnorm(self, h: torch.Tensor, delta: torch.Tensor | None, norm: Any, out: torch.Tensor,
                     threads: int = 1) -> None:
@@ -82,6 +85,20 @@ class Glue:
         else:
             self._rope(*args)
         return True
+
+
+    def silu_mul(self, g: torch.Tensor, u: torch.Tensor, threads: int = 1) -> torch.Tensor | None:
+        """``SiLU(g) * u`` into `g` (in place, as the torch path's ``g.mul_(u)``), the fused
+        decode step's arithmetic (`csrc/glue.c`'s ``silu_mul_row``: SiLU rounded to the dtype
+        before the multiply, as torch's); None (nothing done) where it does not take them: not
+        ``[rows, I]`` alike, another dtype, a row not contiguous. `threads`: as `add_rmsnorm`'s."""
+        if (g.dim() != 2 or u.shape != g.shape or g.dtype not in _DTYPES or u.dtype != g.dtype
+                or g.stride(1) != 1 or u.stride(1) != 1):
+            return None
+        rows, inner = g.shape
+        self._silu_mt(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), g.data_ptr(), g.stride(0), inner,
+                      rows, g.dtype is torch.bfloat16, threads if rows >= MT_ROWS else 1)
+        return g
 
 
 def usable(layers: list[Any], dtype: torch.dtype) -> bool:

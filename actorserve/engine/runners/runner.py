@@ -159,7 +159,9 @@ class PagedLlamaRunner(_SamplingRunner):
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
 
-    def _mlp(self, mlp: Any, x: torch.Tensor, lora: LayerHook | None = None) -> torch.Tensor:
+    def _mlp(self, mlp: Any, x: torch.Tensor, lora: LayerHook | None = None, glue_threads: int = 0) -> torch.Tensor:
+        """The layer's MLP; with `glue_threads` (the glued steps') SiLU(gate) * up through the C
+        glue, rows over that many threads, as the fused decode step computes it."""
         if not self._silu_mlp:
             return mlp(x) if lora is None else lora_mlp(mlp, x, lora)
         group = getattr(mlp, GATE_UP_GROUP, None)            # q4: one kernel call for both
@@ -170,8 +172,10 @@ class PagedLlamaRunner(_SamplingRunner):
         if lora is not None:
             lora("gate_proj", x, g)
             lora("up_proj", x, u)
-        F.silu(g, inplace=True)
-        act = g.mul_(u)
+        act = self.glue.silu_mul(g, u, glue_threads) if glue_threads and self.glue is not None else None
+        if act is None:
+            F.silu(g, inplace=True)
+            act = g.mul_(u)
         return mlp.down_proj(act) if lora is None else lora_down(mlp, act, lora)
 
     def _o_proj(self, attn: Any, x: torch.Tensor, lora: LayerHook | None) -> torch.Tensor:
@@ -254,7 +258,7 @@ class PagedLlamaRunner(_SamplingRunner):
                 paged_attention(q, self.kv, li, plan, attn_out, self.scale, self.attn_softcap, self.decode_kernel)
             glue.add_rmsnorm(h, self._o_proj(a, attn_out, lo), layer.post_attention_layernorm, x, threads)
             self._check_preempt(li, mlp=True)
-            m = self._mlp(layer.mlp, x, lo)
+            m = self._mlp(layer.mlp, x, lo, glue_threads=threads)
             if li + 1 < len(layers):
                 glue.add_rmsnorm(h, m, layers[li + 1].input_layernorm, x, threads)
             else:

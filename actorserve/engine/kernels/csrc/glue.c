@@ -149,39 +149,56 @@ static inline __m512 exp16(__m512 x) {
 }
 #endif
 
-/* act[t] = SiLU(gate[t]) * up[t] for rows [r0, r1) of gu [rows, 2I] (gate, then up): HF's
- * act_fn(gate) * up, SiLU rounded to the tensors' dtype before the multiply as torch's is. */
-void silu_mul(const void *gu, void *act, int I, int r0, int r1, int bf16) {
-    for (int t = r0; t < r1; t++) {
-        const size_t g0 = (size_t)t * 2 * I, a0 = (size_t)t * I;
-        int i = 0;
+/* One row: act[i] = SiLU(g[i]) * u[i], i < I: HF's act_fn(gate) * up, SiLU rounded to the
+ * tensors' dtype before the multiply as torch's is. act may be g (in place). */
+static inline void silu_mul_row(const void *g_, const void *u_, void *act_, int I, int bf16) {
+    int i = 0;
 #if defined(__AVX512F__)
-        const __m512 one = _mm512_set1_ps(1.0f);
-        for (; i + 16 <= I; i += 16) {
-            if (bf16) {
-                const __m512 g = bf16x16_load((const uint16_t *)gu + g0 + i);
-                const __m512 u = bf16x16_load((const uint16_t *)gu + g0 + I + i);
-                const __m512 sl = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-                const __m512 sr = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16_round(sl)), 16));
-                _mm256_storeu_si256((__m256i *)((uint16_t *)act + a0 + i), bf16x16_round(_mm512_mul_ps(sr, u)));
-            } else {
-                const __m512 g = _mm512_loadu_ps((const float *)gu + g0 + i);
-                const __m512 u = _mm512_loadu_ps((const float *)gu + g0 + I + i);
-                const __m512 sl = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-                _mm512_storeu_ps((float *)act + a0 + i, _mm512_mul_ps(sl, u));
-            }
-        }
-#endif
-        for (; i < I; i++) {
-            if (bf16) {
-                const float g = bf16_load((const uint16_t *)gu, g0 + i), u = bf16_load((const uint16_t *)gu, g0 + I + i);
-                ((uint16_t *)act)[a0 + i] = bf16_round(bf16_through(g / (1.0f + expf(-g))) * u);
-            } else {
-                const float g = ((const float *)gu)[g0 + i], u = ((const float *)gu)[g0 + I + i];
-                ((float *)act)[a0 + i] = g / (1.0f + expf(-g)) * u;
-            }
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; i + 16 <= I; i += 16) {
+        if (bf16) {
+            const __m512 g = bf16x16_load((const uint16_t *)g_ + i);
+            const __m512 u = bf16x16_load((const uint16_t *)u_ + i);
+            const __m512 sl = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+            const __m512 sr = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16x16_round(sl)), 16));
+            _mm256_storeu_si256((__m256i *)((uint16_t *)act_ + i), bf16x16_round(_mm512_mul_ps(sr, u)));
+        } else {
+            const __m512 g = _mm512_loadu_ps((const float *)g_ + i);
+            const __m512 u = _mm512_loadu_ps((const float *)u_ + i);
+            const __m512 sl = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+            _mm512_storeu_ps((float *)act_ + i, _mm512_mul_ps(sl, u));
         }
     }
+#endif
+    for (; i < I; i++) {
+        if (bf16) {
+            const float g = bf16_load((const uint16_t *)g_, i), u = bf16_load((const uint16_t *)u_, i);
+            ((uint16_t *)act_)[i] = bf16_round(bf16_through(g / (1.0f + expf(-g))) * u);
+        } else {
+            const float g = ((const float *)g_)[i], u = ((const float *)u_)[i];
+            ((float *)act_)[i] = g / (1.0f + expf(-g)) * u;
+        }
+    }
+}
+
+/* act[t] = SiLU(gate[t]) * up[t] for rows [r0, r1) of gu [rows, 2I] (gate, then up). */
+void silu_mul(const void *gu, void *act, int I, int r0, int r1, int bf16) {
+    const size_t es = bf16 ? 2 : 4;
+    for (int t = r0; t < r1; t++)
+        silu_mul_row((const char *)gu + (size_t)t * 2 * I * es, (const char *)gu + ((size_t)t * 2 * I + I) * es,
+                     (char *)act + (size_t)t * I * es, I, bf16);
+}
+
+/* The same for a prompt chunk's rows outside the step pool: gate, up and act with their own row
+ * strides (elements; act may be gate), the rows shared out over `nthreads` OpenMP threads in
+ * contiguous ranges, each row computed by one thread with the code above. */
+void silu_mul_mt(const void *g, long gs, const void *u, long us, void *act, long as, int I, int rows,
+                 int bf16, int nthreads) {
+    const size_t es = bf16 ? 2 : 4;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < rows; t++)
+        silu_mul_row((const char *)g + (size_t)t * gs * es, (const char *)u + (size_t)t * us * es,
+                     (char *)act + (size_t)t * as * es, I, bf16);
 }
 
 /* The same, with the rows shared out over `nthreads` OpenMP threads in contiguous ranges (a
