@@ -86,7 +86,6 @@ class Glue:
             self._rope(*args)
         return True
 
-
     def silu_mul(self, g: torch.Tensor, u: torch.Tensor, threads: int = 1) -> torch.Tensor | None:
         """``SiLU(g) * u`` into `g` (in place, as the torch path's ``g.mul_(u)``), the fused
         decode step's arithmetic (`csrc/glue.c`'s ``silu_mul_row``: SiLU rounded to the dtype

@@ -2,8 +2,8 @@
 (`kernels.prefill_kernel`, every bf16 chunk, where the CPU has avx512_bf16) or else the torch
 query blocks below (`causal_blocked`, long chunks; shorter ones keep SDPA).
 
-The torch blocks. Why. SDPA's CPU flash kernel reached about 67 GFLOP/s at head size 64, so attention took a
-third of a 1,024-token prefill while its FLOPs are a seventh. Here each block of `BLOCK`
+The torch blocks. Why. SDPA's CPU flash kernel reached about 67 GFLOP/s at head size 64, so
+attention took a third of a 1,024-token prefill while its FLOPs are a seventh. Here each block of `BLOCK`
 queries is two batched bf16 matrix products (oneDNN) over the keys up to the block's end, with
 the softmax between them. Per layer of SmolLM2-135M (9 heads, 3 KV heads, d = 64), 2-core AMD
 EPYC, best of 7, with the server's OpenMP settings (`actorserve.omp`: a short spin):

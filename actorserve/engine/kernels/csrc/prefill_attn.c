@@ -119,7 +119,8 @@ static inline void softmax_weights(float *restrict sr, int lim, int upto) {
     }
     const int padded = (upto + 31) & ~31;
     if (full < padded) {                        /* the tail, then zeros to a whole 32 */
-        const __m512 e = _mm512_maskz_mov_ps(tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sr + full), m)));
+        const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sr + full), m);
+        const __m512 e = _mm512_maskz_mov_ps(tail, exp16(x));
         _mm512_storeu_ps(sr + full, e);
         sum = _mm512_add_ps(sum, e);
         for (int p = full + 16; p < padded; p += 16) _mm512_storeu_ps(sr + p, _mm512_setzero_ps());
@@ -127,7 +128,8 @@ static inline void softmax_weights(float *restrict sr, int lim, int upto) {
     const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
     uint16_t *w = (uint16_t *)sr;
     for (int p = 0; p < upto; p += 32) {
-        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(sr + p), inv), b = _mm512_mul_ps(_mm512_loadu_ps(sr + p + 16), inv);
+        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(sr + p), inv);
+        const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(sr + p + 16), inv);
         _mm256_storeu_si256((__m256i *)(w + p), (__m256i)_mm512_cvtneps_pbh(a));
         _mm256_storeu_si256((__m256i *)(w + p + 16), (__m256i)_mm512_cvtneps_pbh(b));
     }
@@ -137,9 +139,10 @@ static inline void softmax_weights(float *restrict sr, int lim, int upto) {
 #define PV(M_) pv_rows((const uint32_t *)(s + (size_t)r0 * stride), stride, vp, np, C, M_, o + r0)
 
 /* One unit: KV head h, queries [t0, t1) of the chunk (d a constant in each copy). */
-static inline __attribute__((always_inline)) void unit(const uint16_t *q, long qs, uint16_t *out, long os, const uint32_t *kp, const uint32_t *vp,
-                 int t0, int t1, int start, int h, int g, const int d, float scale,
-                 uint32_t *restrict qp, float *restrict s, size_t stride) {
+static inline __attribute__((always_inline)) void unit(
+        const uint16_t *q, long qs, uint16_t *out, long os, const uint32_t *kp, const uint32_t *vp,
+        int t0, int t1, int start, int h, int g, const int d, float scale,
+        uint32_t *restrict qp, float *restrict s, size_t stride) {
     const int C2 = d / 2, C = d / 16, R = (t1 - t0) * g, MP = 24 / C;
     uint16_t *o[QB * MAX_GROUP];
     for (int r = 0; r < R; r++) {                   /* row r: query t0 + r / g, head h g + r % g */
@@ -230,10 +233,9 @@ int prefill_attn(const uint16_t *q, long qs, const uint16_t *k, const uint16_t *
             if (!qp || !s) continue;
             const int b = nq - 1 - u / nkv, h = u % nkv;
             const int t0 = b * QB, t1 = t0 + QB < n ? t0 + QB : n;
-            if (d == 64)
-                unit(q, qs, out, os, kpack + h * kph, vpack + h * vph, t0, t1, start, h, g, 64, scale, qp, s, stride);
-            else
-                unit(q, qs, out, os, kpack + h * kph, vpack + h * vph, t0, t1, start, h, g, 128, scale, qp, s, stride);
+            const uint32_t *kh = kpack + h * kph, *vh = vpack + h * vph;
+            if (d == 64) unit(q, qs, out, os, kh, vh, t0, t1, start, h, g, 64, scale, qp, s, stride);
+            else unit(q, qs, out, os, kh, vh, t0, t1, start, h, g, 128, scale, qp, s, stride);
         }
         free(qp);
         free(s);
