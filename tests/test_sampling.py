@@ -387,3 +387,26 @@ def test_the_two_level_draw_finds_the_position_of_the_cumulative_sum():
     edge[:, 1024] = 1.0                                    # all the mass at one block's first position
     seqs = [Sequence(f"e{i}", [1], sampling=SamplingParams(temperature=1.0)) for i in range(2)]
     assert smp._draw(edge, [0, 1], seqs) == [1024, 1024]
+
+
+def test_the_two_level_argmax_is_torchs_argmax():
+    """`first_argmax` answers what ``torch.argmax`` answers: the first position of the maximum,
+    with ties inside a block and across blocks, a maximum in the positions past the last whole
+    block (beaten there only by a larger value), NaN counted as the largest (its first one), rows
+    of -inf, bfloat16, rows inside a wider tensor, and vocabularies too small to split."""
+    from actorserve.engine.sampling.sampling import first_argmax
+
+    gen = torch.Generator().manual_seed(11)
+    for vocab in (49152, 32000, 3000, 2048, 1500, 7):
+        x = torch.randn(9, vocab, generator=gen)
+        x[1, vocab // 3] = x[1, vocab - 1] = 50.0             # a tie: the first wins
+        x[2, :] = float("-inf")
+        x[3, vocab - 1] = 60.0                                # the largest is the very last
+        x[4, vocab // 2] = float("nan")
+        x[4, vocab - 1] = float("nan")                        # NaNs: the first one
+        x[5, vocab - 1] = float("nan")                        # a NaN only in the rest
+        x[6, 0] = x[6, vocab // 2] = 70.0                     # a tie between the first and a later block
+        x[7, vocab - 1] = x[7, 0] = 80.0                      # a tie between the rest and the first block
+        x[8, :] = 1.0                                         # all equal
+        for t in (x, x.bfloat16(), torch.cat([x, x], dim=1)[:, :vocab]):
+            assert first_argmax(t).tolist() == t.argmax(dim=-1).tolist(), (vocab, t.dtype)
