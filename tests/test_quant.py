@@ -285,6 +285,34 @@ def test_prefetching_the_weights_ahead_changes_no_bit(kind):
                 assert all(torch.equal(a, b) for a, b in zip(got[ahead], got[0])), (dtype, rows, ahead)
 
 
+def test_the_superblocks_prefetch_changes_no_bit():
+    """Products of 1-4 rows through the superblocks ask for the superblock some bytes on as they
+    start each one (`b16_prefetch`, 2,048 by default; an address past the weights' end is only a
+    hint, which never faults); the results are the same bits at any distance and without it, on
+    the step pool or not, and wider products (which do not prefetch) likewise."""
+    ql = _linear("q4", 208, 576, seed=5)
+    lib = ql.lib
+    if not lib.b16:
+        pytest.skip("this CPU has no avx512_bf16: the superblock kernel is not built")
+    assert lib.b16_prefetch(-1) == 2048
+    w = quant._Weights(4, ql.w.q, ql.w.d, ql.w.m, ql.w.bias)
+    w.use_b16(rows=16)
+    pool = quant.StepPool(workers=1)
+    for rows in (1, 2, 3, 4, 5, 13):
+        x = (torch.randn(rows, 576) * 2).bfloat16()
+        got = {}
+        for ahead in (0, 2048, 1 << 16):
+            assert lib.b16_prefetch(ahead) == ahead
+            try:
+                with pool:
+                    got[ahead] = (w.run(lib, x), w.run(lib, x[:1]))
+                got[ahead] += (w.run(lib, x),)
+            finally:
+                lib.b16_prefetch(2048)
+        for ahead in (2048, 1 << 16):
+            assert all(torch.equal(a, b) for a, b in zip(got[ahead], got[0])), (rows, ahead)
+
+
 def test_quantize_model_patches_the_linears_and_refuses_unknown_modes():
     with pytest.raises(ValueError, match="unknown quantization"):
         quant.quantize_model(torch.nn.Linear(32, 4), "q2")

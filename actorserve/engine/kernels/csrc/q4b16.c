@@ -18,6 +18,14 @@
  * q[n][8j + 2s + 1]: shifted right by 4s and masked with 0x000f000f, the dword holds the pair
  * of weights 8j + 2s, 8j + 2s + 1, as the activations lie in memory. */
 #define B16_SB 320
+/* Up to B16_PREFETCH_MAXM input rows a product is bound by how fast its superblocks arrive,
+ * not by its arithmetic: it asks for the superblock `b16_prefetch` bytes on (0: none) as it
+ * starts each one. Whole decode steps of SmolLM2 (engine alone, AMD EPYC, none / 1,024 / 2,048
+ * / 4,096 bytes alternated every 10 steps, 600 steps, medians): 1 row 5.52 / 5.07 / 5.14 /
+ * 5.11 ms, 2 rows 6.44 / 5.99 / 5.92 / 6.36, 4 rows 8.24 / 7.61 / 7.37 / 7.52; 8 rows no
+ * better. The q8 head (q8b16.c) measured no better with it (caches flushed, 1-4 rows). */
+#define B16_PREFETCH_MAXM 4
+static int b16_prefetch = 2048;
 #define B16_MT 12       /* input rows a tile: 12 rows' sums and accumulators fill 24 of the 32
                          * registers; 3-10% faster than 8 at 32 and 64 rows (AMD EPYC) */
 
@@ -26,13 +34,15 @@
  * res[r] = the 16 sums. NC accumulator chains a row (few rows: the vdpbf16ps latency). */
 static inline __attribute__((always_inline)) void q4b16_tile(
         const uint16_t *restrict x, const float *restrict xs, const int M, const int NC, int K,
-        const uint8_t *restrict sb, __m512 *restrict res) {
+        const uint8_t *restrict sb, __m512 *restrict res, const int pf) {
     const int G = K / 32;
     __m512 acc[B16_MT];
     for (int r = 0; r < M; r++) acc[r] = _mm512_setzero_ps();
     const __m512i mask = _mm512_set1_epi32(0x000f000f), k128 = _mm512_set1_epi32(0x43004300);
     for (int g = 0; g < G; g++) {
         const uint8_t *b = sb + (size_t)g * B16_SB;
+        if (pf)                 /* the superblock `pf` bytes on: five lines, as this one's */
+            for (int o = 0; o < B16_SB; o += 64) __builtin_prefetch(b + pf + o, 0, 0);
         __m512 t[B16_MT][4];
         for (int r = 0; r < M; r++)
             for (int c = 0; c < NC; c++) t[r][c] = _mm512_setzero_ps();
@@ -87,16 +97,17 @@ static void q4b16_block(const uint16_t *x, const float *xs, int M, int K, const 
                         const float *bias, void *y, int y_bf16, int N, int n0) {
     const int G = K / 32;
     const __m512 bv = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
+    const int pf = M <= B16_PREFETCH_MAXM ? b16_prefetch : 0;
     for (int r0 = 0; r0 < M; r0 += B16_MT) {
         const int mt = M - r0 < B16_MT ? M - r0 : B16_MT;
         __m512 res[B16_MT];
         const uint16_t *xt = x + (size_t)r0 * K;
         const float *st = xs + (size_t)r0 * G;
         switch (mt) {
-#define B16T(M_, NC_) case M_: q4b16_tile(xt, st, M_, NC_, K, sb, res); break;
+#define B16T(M_, NC_) case M_: q4b16_tile(xt, st, M_, NC_, K, sb, res, pf); break;
             B16T(1, 4) B16T(2, 4) B16T(3, 2) B16T(4, 2) B16T(5, 1) B16T(6, 1) B16T(7, 1) B16T(8, 1)
             B16T(9, 1) B16T(10, 1) B16T(11, 1)
-            default: q4b16_tile(xt, st, B16_MT, 1, K, sb, res);
+            default: q4b16_tile(xt, st, B16_MT, 1, K, sb, res, 0);
 #undef B16T
         }
         b16_store(res, mt, bv, y, y_bf16, (size_t)r0 * N + n0, N);

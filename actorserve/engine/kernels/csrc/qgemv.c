@@ -428,6 +428,18 @@ int qgemv_prefetch(int rows) {
     return prefetch_rows;
 }
 
+/* How many bytes ahead a product of at most B16_PREFETCH_MAXM rows asks for its superblocks:
+ * bytes >= 0 sets it, -1 asks; -1 where the superblocks are not built. */
+int qgemv_b16_prefetch(int bytes) {
+#ifdef HAVE_Q4B16
+    if (bytes >= 0) b16_prefetch = bytes;
+    return b16_prefetch;
+#else
+    (void)bytes;
+    return -1;
+#endif
+}
+
 /* Whether q4b16.c's kernel is built here (avx512_bf16): 1 or 0. */
 int qgemv_b16(void) {
 #ifdef HAVE_Q4B16
