@@ -12,8 +12,9 @@ their ratio, and the CPU's matrix features.
 
 And the decode floor: the machine's read bandwidth (the best of a few sums over a 1 GiB
 float32 tensor) and what a decode step must read at the least, over it: the quantized
-weights (the q4/q8 copies, what a step of at most 8 rows reads) or the dense weights in the
-model's dtype (wider steps), plus ``--floor-context`` tokens of KV per sequence.
+weights (the q4/q8 copies, what a step of at most the runner's `kernel_rows` reads: 8 rows, or
+256 with bf16 where the CPU has avx512_bf16) or the dense weights in the model's dtype (wider
+steps), plus ``--floor-context`` tokens of KV per sequence.
 
     .venv/bin/python benchmarks/prefill_flops.py --json
 """
@@ -99,11 +100,12 @@ def main() -> None:
     out["read_gb_per_s"] = round(bw, 1)
     floor: dict[str, float] = {}
     for rows in (1, 8, 32):
-        weights = rep.quant_bytes if rep is not None and rows <= 8 else dense_bytes
+        weights = rep.quant_bytes if rep is not None and rows <= engine.kernel_rows else dense_bytes
         floor[f"{rows}_rows_ms"] = round((weights + rows * args.floor_context * kv_token) / bw / 1e6, 2)
     out["decode_floor"] = {"weights_mb_quantized": round(rep.quant_bytes / 1e6, 1) if rep else None,
                            "weights_mb_dense": round(dense_bytes / 1e6, 1),
-                           "kv_kb_per_token": round(kv_token / 1e3, 1), "context": args.floor_context, **floor}
+                           "kv_kb_per_token": round(kv_token / 1e3, 1), "context": args.floor_context,
+                           "kernel_rows": engine.kernel_rows, **floor}
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
 
 
