@@ -286,7 +286,7 @@ def test_prefetching_the_weights_ahead_changes_no_bit(kind):
 
 
 def test_the_superblocks_prefetch_changes_no_bit():
-    """Products of 1-4 rows through the superblocks ask for the superblock some bytes on as they
+    """Products of 1-8 rows through the superblocks ask for the superblock some bytes on as they
     start each one (`b16_prefetch`, 2,048 by default; an address past the weights' end is only a
     hint, which never faults); the results are the same bits at any distance and without it, on
     the step pool or not, and wider products (which do not prefetch) likewise."""
@@ -298,7 +298,7 @@ def test_the_superblocks_prefetch_changes_no_bit():
     w = quant._Weights(4, ql.w.q, ql.w.d, ql.w.m, ql.w.bias)
     w.use_b16(rows=16)
     pool = quant.StepPool(workers=1)
-    for rows in (1, 2, 3, 4, 5, 13):
+    for rows in (1, 2, 3, 4, 5, 8, 9, 13):
         x = (torch.randn(rows, 576) * 2).bfloat16()
         got = {}
         for ahead in (0, 2048, 1 << 16):

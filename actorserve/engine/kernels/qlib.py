@@ -34,7 +34,7 @@ class _Lib:
         self.prefetch.restype = ctypes.c_int
         self.act8_simd = bool(lib.qgemv_act8_simd())
         self.b16 = bool(lib.qgemv_b16())     # q4b16.c's kernel is built (avx512_bf16)
-        # bytes ahead a product of 1-4 rows asks for its superblocks (>= 0 sets, -1 asks; -1
+        # bytes ahead a product of 1-8 rows asks for its superblocks (>= 0 sets, -1 asks; -1
         # where q4b16.c is not built)
         self.b16_prefetch = lib.qgemv_b16_prefetch
         self.b16_prefetch.argtypes = [i]

@@ -22,9 +22,11 @@
  * not by its arithmetic: it asks for the superblock `b16_prefetch` bytes on (0: none) as it
  * starts each one. Whole decode steps of SmolLM2 (engine alone, AMD EPYC, none / 1,024 / 2,048
  * / 4,096 bytes alternated every 10 steps, 600 steps, medians): 1 row 5.52 / 5.07 / 5.14 /
- * 5.11 ms, 2 rows 6.44 / 5.99 / 5.92 / 6.36, 4 rows 8.24 / 7.61 / 7.37 / 7.52; 8 rows no
- * better. The q8 head (q8b16.c) measured no better with it (caches flushed, 1-4 rows). */
-#define B16_PREFETCH_MAXM 4
+ * 5.11 ms, 2 rows 6.44 / 5.99 / 5.92 / 6.36, 4 rows 8.24 / 7.61 / 7.37 / 7.52; 8 rows (none /
+ * 1,024 / 2,048, two runs) 14.68 / 13.68 / 14.04 and 13.30 / 12.67 / 12.56; 16 rows (two tiles,
+ * the second reading the block from L1) 23.33 / 23.36 / 23.26. The q8 head (q8b16.c) measured
+ * no better with it (caches flushed, 1-4 rows). */
+#define B16_PREFETCH_MAXM 8
 static int b16_prefetch = 2048;
 #define B16_MT 12       /* input rows a tile: 12 rows' sums and accumulators fill 24 of the 32
                          * registers; 3-10% faster than 8 at 32 and 64 rows (AMD EPYC) */
