@@ -18,6 +18,10 @@
  * q[n][8j + 2s + 1]: shifted right by 4s and masked with 0x000f000f, the dword holds the pair
  * of weights 8j + 2s, 8j + 2s + 1, as the activations lie in memory. */
 #define B16_SB 320
+#define B16_MT 12       /* input rows a tile: 12 rows' sums and accumulators fill 24 of the 32
+                         * registers; 3-10% faster than 8 at 32 and 64 rows (AMD EPYC) */
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
 /* Up to B16_PREFETCH_MAXM input rows a product is bound by how fast its superblocks arrive,
  * not by its arithmetic: it asks for the superblock `b16_prefetch` bytes on (0: none) as it
  * starts each one. Whole decode steps of SmolLM2 (engine alone, AMD EPYC, none / 1,024 / 2,048
@@ -28,10 +32,7 @@
  * no better with it (caches flushed, 1-4 rows). */
 #define B16_PREFETCH_MAXM 8
 static int b16_prefetch = 2048;
-#define B16_MT 12       /* input rows a tile: 12 rows' sums and accumulators fill 24 of the 32
-                         * registers; 3-10% faster than 8 at 32 and 64 rows (AMD EPYC) */
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
 /* One tile of M (1..B16_MT) input rows x (row stride K) against one block of 16 output rows:
  * res[r] = the 16 sums. NC accumulator chains a row (few rows: the vdpbf16ps latency). */
 static inline __attribute__((always_inline)) void q4b16_tile(
