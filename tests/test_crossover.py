@@ -100,6 +100,10 @@ def test_a_measured_crossover_narrows_every_weight_and_says_where(monkeypatch):
     assert "32: 32.00 vs 36.00 ms" in paths["steps > 32 rows (wide decode)"]
     assert "up to 8 rows, dense from 9 (measured at load)" in paths["decode <= 8 rows"]
     assert "kernels up to 32 rows" in rep.describe()
+    info = crossover.widths_info(model)                     # /server_info's kernel_widths
+    assert info["layers"] == 32 and info["lm_head"] == 8 and info["chosen"] == "measured at load"
+    assert info["measured_ms"]["layers"][2] == [32, pytest.approx(32.0), pytest.approx(36.0)]
+    assert [w for w, _, _ in info["measured_ms"]["lm_head"]] == [8, 16, 32]
 
     # a reload quantizes again (the static widths) and reuses the load's measurement
     model.actorserve_quant = quant.quantize_model(model, "q4")
@@ -120,6 +124,9 @@ def test_the_static_widths_when_asked(monkeypatch, env):
     assert crossover.calibrate(model, lambda w: (1.0, 0.001), lambda w: (1.0, 0.001)) is None
     assert model.actorserve_quant is before and before.crossover is None
     assert {w.max_rows for w in _weights(model)[0]} == {before.kernel_rows}
+    info = crossover.widths_info(model)
+    assert info["chosen"].startswith("static") and info["measured_ms"] is None
+    assert info["layers"] == before.kernel_rows and info["lm_head"] == min(quant.Q8_B16_ROWS, before.kernel_rows)
 
 
 def test_an_unquantized_or_float32_model_measures_nothing(monkeypatch):
@@ -130,6 +137,7 @@ def test_an_unquantized_or_float32_model_measures_nothing(monkeypatch):
     model = tr.LlamaForCausalLM(tr.LlamaConfig(**COMMON)).eval()
     model.actorserve_quant = None
     assert crossover.calibrate(model, lambda w: (1.0, 0.001)) is None
+    assert crossover.widths_info(model) is None
     model.actorserve_quant = quant.quantize_model(model, "q4")      # float32: no superblocks
     assert not model.actorserve_quant.b16
     assert crossover.calibrate(model, lambda w: (1.0, 0.001)) is None

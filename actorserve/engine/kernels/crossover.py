@@ -209,3 +209,22 @@ def apply(model: Any, found: Crossover) -> None:
                 w.max_rows = min(w.max_rows, found.rows)
     model.actorserve_quant = dataclasses.replace(model.actorserve_quant, kernel_rows=min(
         model.actorserve_quant.kernel_rows, found.rows), crossover=found)
+
+
+def widths_info(model: Any) -> dict[str, Any] | None:
+    """The widest step each kind of quantized weight takes, and whether it was measured
+    (``/server_info``'s ``kernel_widths``); None for a model without quantized weights."""
+    from .quant import QuantLinear
+    report = getattr(model, "actorserve_quant", None)
+    if report is None:
+        return None
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getattr(getter() if callable(getter) else None, "forward", None)
+    found = report.crossover
+    return {
+        "layers": report.kernel_rows,
+        "lm_head": head.w.max_rows if isinstance(head, QuantLinear) else None,
+        "chosen": "measured at load" if found is not None else "static (engine/kernels/widths.py)",
+        "measured_ms": None if found is None else {
+            "layers": [list(t) for t in found.layers], "lm_head": [list(t) for t in found.head]},
+    }
