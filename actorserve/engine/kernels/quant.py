@@ -272,14 +272,12 @@ class QuantReport:
     asked: str = ""             # the --quantization value (auto, q4, q4a8)
     kernel_rows: int = MAX_ROWS  # the widest step through the kernels
     b16: bool = False           # the q4 weights are in q4b16.c's superblocks (bfloat16 activations)
-    crossover: Any = None       # `crossover.Crossover`: kernel_rows as measured at load, when it was
 
     def describe(self) -> str:
         how = f"auto -> {self.mode}" if self.asked == "auto" else self.mode
         return (f"{how}: {self.layers} linears quantized ({self.quant_bytes / 1e6:.0f} MB read "
                 f"per decode step instead of {self.dense_bytes / 1e6:.0f} MB; steps of <= {self.kernel_rows} rows), "
-                f"{self.skipped} left dense, max relative weight error {self.max_rel_err:.2g}"
-                + (f"; {self.crossover.describe()}" if self.crossover is not None else ""))
+                f"{self.skipped} left dense, max relative weight error {self.max_rel_err:.2g}")
 
 
 def quantize_model(model: Any, mode: str | None, dtype: torch.dtype | None = None) -> QuantReport | None:

@@ -41,12 +41,8 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
         act = "8-bit activations, avx512_vnni"
     elif dtype is torch.bfloat16 and "avx512_bf16" in cpu_bf16_flags():
         layout = "16 output rows a register (q4b16 superblocks)" if report.b16 else "one output row at a time"
-        cross = report.crossover
-        head_rows = cross.head_rows if cross is not None and cross.head_rows is not None else Q8_B16_ROWS
-        head_rows = min(head_rows, report.kernel_rows)
-        head = (f"the q8 LM head 16 output rows a register too up to {head_rows} rows, dense from "
-                f"{head_rows + 1} ({'measured at load' if cross is not None else 'widths.Q8_B16_ROWS'})"
-                if report.b16 else
+        head = (f"the q8 LM head 16 output rows a register too up to {Q8_B16_ROWS} rows, dense from "
+                f"{Q8_B16_ROWS + 1} (widths.Q8_B16_ROWS)" if report.b16 else
                 f"the q8 LM head in float32 up to {Q8_BF16_ROWS} rows, dense from {Q8_BF16_ROWS + 1} "
                 "(widths.Q8_BF16_ROWS)")
         act = f"bf16 activations: q4 through avx512_bf16 dot products, {layout}; {head}"
@@ -61,8 +57,7 @@ def phase_paths(report: QuantReport | None, dtype: torch.dtype, dtype_why: str, 
                else f"{MAX_ROWS} rows a pass over each weight row")
         paths[f"decode {MAX_ROWS + 1}-{rows} rows"] = (f"q4/q8 C kernels ({act}), {how} (the weights read "
                                                       "once a step), one fused C call a step")
-    measured = ("at load on this machine: " + report.crossover.describe() if report.crossover is not None
-                else "widths.B16_ROWS" if report.b16 else "quant.KERNEL_ROWS")
+    measured = "widths.B16_ROWS" if report.b16 else "quant.KERNEL_ROWS"
     paths[f"steps > {rows} rows (wide decode)"] = (f"{dense_path}: from {rows + 1} rows as fast as the "
                                                    f"kernels or faster (measured: {measured})")
     paths["prefill"] = ("q4n16 superblocks with 8-bit activations" if report.mode == "q4a8" and _act8_simd()

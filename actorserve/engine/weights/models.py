@@ -261,9 +261,6 @@ def load_model(spec: str | os.PathLike[str] | None = None, *, threads: int | Non
     model.requires_grad_(False)
     from ..runners.dense import pack_model                # oneDNN weights packed once (engine.dense)
     model.actorserve_packed = pack_model(model)
-    if model.actorserve_quant is not None:              # where the dense weights catch up, measured
-        from ..kernels.crossover import calibrate
-        calibrate(model)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     model.actorserve_name = served_name(path)
     return model, tok, path

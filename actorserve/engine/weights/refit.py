@@ -145,9 +145,6 @@ def _rederive(engine: Any, model: Any) -> None:
     """Pack the dense weights again and rebuild the fused decode step's tables."""
     from ..runners.dense import pack_model
     model.actorserve_packed = pack_model(model)
-    if model.actorserve_quant is not None:     # the load's measured widths (memoised), again
-        from ..kernels.crossover import calibrate
-        calibrate(model)
     if getattr(engine, "fused", None) is not None or getattr(engine, "glue", None) is not None:
         from ..kernels.fused_step import FusedStep
         from ..kernels.quant import _Lib as quant_lib

@@ -45,7 +45,6 @@ class Built:
     dtype_reason: str = ""             # why --dtype chose what it did ("auto: the CPU has amx_bf16")
     quantization: str | None = None    # what --quantization did (engine.quant.QuantReport.describe)
     paths: dict[str, str] | None = None  # which arithmetic each kind of step takes (engine.paths.phase_paths)
-    widths: dict[str, Any] | None = None  # the kernels' widest steps (engine.kernels.crossover.widths_info)
 
 
 def kv_bytes_per_block(model_config: Any, block_size: int, dtype_bytes: int = 4) -> int:
@@ -107,9 +106,8 @@ def build_runtime(config: ServerConfig) -> Built:
         paths = phase_paths(quant, dtype, why, mc.quantization, getattr(model, "actorserve_packed", 0))
         for phase, how in paths.items():
             log.info("%s: %s", phase, how)
-    from ...engine.kernels.crossover import widths_info
     return Built(runtime, tokenizer, name, str(path), pool, f"{dtype_name(dtype)} ({why})",
-                 quant.describe() if quant is not None else None, paths, widths_info(model))
+                 quant.describe() if quant is not None else None, paths)
 
 
 def make_app(config: ServerConfig, built: Built | None = None) -> web.Application:
@@ -121,7 +119,6 @@ def make_app(config: ServerConfig, built: Built | None = None) -> web.Applicatio
     app[CTX].extra["dtype_reason"] = built.dtype_reason
     app[CTX].extra["quantization"] = built.quantization
     app[CTX].extra["engine_paths"] = built.paths
-    app[CTX].extra["kernel_widths"] = built.widths
     return app
 
 

@@ -207,7 +207,7 @@ async def server_info(request: web.Request) -> web.Response:
         **_jsonable(rt.server_info()), **sglang_server_fields(ctx), "served_model_name": ctx.served_name,
         "dtype": rt.engine_info.dtype, "dtype_reason": ctx.extra.get("dtype_reason"),
         "decode_attention": rt.engine_info.attention or None, "quantization": ctx.extra.get("quantization"),
-        "engine_paths": ctx.extra.get("engine_paths"), "kernel_widths": ctx.extra.get("kernel_widths"),
+        "engine_paths": ctx.extra.get("engine_paths"),
         "scheduler": _jsonable(ctx.runtime.stats()),
         "pooling": {key: _jsonable(st) for key, st in rt.pool_stats().items()}, "config": cfg,
         "uptime_s": round(time.time() - ctx.created, 3) if ctx.created else None})
