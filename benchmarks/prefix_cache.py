@@ -16,7 +16,8 @@ import random
 import statistics
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from actorserve.omp import apply_defaults  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
+apply_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from actorserve.engine.scheduling.block_manager import BlockManager  # noqa: E402

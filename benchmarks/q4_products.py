@@ -18,7 +18,8 @@ import os
 import time
 from typing import Any, Callable
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from actorserve.omp import apply_defaults  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
+apply_defaults()
 
 import torch  # noqa: E402
 

@@ -18,7 +18,8 @@ import statistics
 import tempfile
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from actorserve.omp import apply_defaults  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
+apply_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from actorserve.actors.runtime import Runtime  # noqa: E402

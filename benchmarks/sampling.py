@@ -13,7 +13,8 @@ import json
 import os
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from actorserve.omp import apply_defaults  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
+apply_defaults()
 
 import torch  # noqa: E402
 
