@@ -22,7 +22,7 @@ import os
 import statistics
 import time
 
-from actorserve.omp import apply_defaults  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
+from actorserve.omp import apply_defaults, release_idle_threads  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
 apply_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -67,6 +67,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     tok = TextTokenizer(hf_tok)
     blocks = (args.streams + 4) * (args.max_tokens // 16 + 8)
     engine = build_engine(model, num_blocks=blocks, block_size=16, tokenizer=hf_tok)
+    release_idle_threads()          # as `serve` does: the step thread's OpenMP team is the only one
     rt = Runtime(engine, config=SchedulerConfig(batch=BatchConfig(max_num_seqs=args.streams + 1)),
                  detokenizer=tok.detokenizer_for)
     await rt.start()

@@ -18,7 +18,7 @@ import statistics
 import tempfile
 import time
 
-from actorserve.omp import apply_defaults  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
+from actorserve.omp import apply_defaults, release_idle_threads  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
 apply_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -35,6 +35,7 @@ from actorserve.statemachines import LIFECYCLES  # noqa: E402
 async def one_round(model, tok, args, path: str | None) -> tuple[float, int]:
     engine = build_engine(model, num_blocks=512, block_size=16, tokenizer=tok, model_name="bench")
     rec = FlightRecorder(path=path, lifecycles=LIFECYCLES.values()) if path else None
+    release_idle_threads()          # as `serve` does: the step thread's OpenMP team is the only one
     rt = Runtime(engine, config=SchedulerConfig(batch=BatchConfig(max_num_seqs=args.streams)), recorder=rec)
     await rt.start()
     sp = SamplingParams(temperature=0.0, max_new_tokens=args.max_tokens, ignore_eos=True)

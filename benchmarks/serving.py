@@ -22,7 +22,7 @@ import os
 import time
 from typing import Any
 
-from actorserve.omp import apply_defaults  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
+from actorserve.omp import apply_defaults, release_idle_threads  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
 apply_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                           model=ModelConfig(model=args.model, threads=args.threads, kv_blocks=blocks),
                           scheduler=SchedulerConfig(batch=BatchConfig(max_num_seqs=max(64, args.concurrency))))
     built = build_runtime(config)
+    release_idle_threads()          # as `serve` does: the step thread's OpenMP team is the only one
     server = asyncio.run(run_server(config, built, args))
     floor = run_floor(built, config, args)
     result = {"model": built.served_name, "concurrency": args.concurrency, "requests": args.requests,

@@ -33,7 +33,7 @@ import os
 import time
 from typing import Any
 
-from actorserve.omp import apply_defaults  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
+from actorserve.omp import apply_defaults, release_idle_threads  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
 apply_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -80,6 +80,7 @@ def messages(workload: str, i: int) -> list[dict[str, str]]:
 async def serve_all(engine: Any, batch: BatchConfig, prompts: list[list[int]], args: argparse.Namespace
                     ) -> tuple[float, list[list[int]], Any]:
     """(seconds for all prompts, each one's tokens, the scheduler's stats)."""
+    release_idle_threads()          # as `serve` does: the step thread's OpenMP team is the only one
     rt = Runtime(engine, config=SchedulerConfig(batch=batch, step_in_thread=True))
     await rt.start()
     sp = SamplingParams(temperature=0.0, max_new_tokens=args.max_tokens)

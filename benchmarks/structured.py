@@ -30,7 +30,7 @@ import statistics
 import time
 from typing import Any
 
-from actorserve.omp import apply_defaults  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
+from actorserve.omp import apply_defaults, release_idle_threads  # noqa: E402  the server's OpenMP settings, GOMP_SPINCOUNT too
 apply_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -119,6 +119,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     model, hf, _ = load_model(args.model, threads=args.threads)
     tok = TextTokenizer(hf, generation_config=model.generation_config)
     engine = build_engine(model, num_blocks=2048, block_size=16, tokenizer=hf)
+    release_idle_threads()          # as `serve` does: the step thread's OpenMP team is the only one
     rt = Runtime(engine, config=SchedulerConfig(batch=BatchConfig(max_num_seqs=32)),
                  detokenizer=tok.detokenizer_for)
     await rt.start()
